@@ -1,0 +1,947 @@
+"""Sebulba PPO on EnvPool's asynchronous API.
+
+Actor threads step EnvPool pools with `recv`/`send` on dedicated actor devices and
+assemble rollouts per env id; an SPMD learner (`jax.jit(jax.shard_map(...))` over a
+`Mesh` of separate learner devices) runs PPO (Schulman et al. 2017) with GAE
+(Schulman et al. 2016) and sends new parameters back to every actor device.
+
+    actor device a, thread k                      learner mesh (L1..Ln)
+    +-------------------------------+  rollout   +-----------------------------------+
+    | envpool async (num_envs N,    |  queue     | gather one rollout per thread     |
+    |   batch B <= N)               | (bounded)  | device_put, env axis split over L |
+    | recv -> policy -> send(id)    |----------->| jit(shard_map(update)): GAE, PPO  |
+    | per-env trajectory buffers    |            |   epochs x minibatches, pmean     |
+    | newest params <---------------+------------| publish (version, params)         |
+    +-------------------------------+   params   +-----------------------------------+
+
+Usage (on a CPU-only machine missing devices become virtual CPU devices):
+
+    python sebulba/ppo_envpool.py --actor-device-ids 0 --learner-device-ids 1 2 3
+    python sebulba/ppo_envpool.py --env-id CartPole-v1 --total-timesteps 500000 ...
+
+See docs/ppo_envpool.md for the flags, the logged metrics and the presets.
+"""
+
+from __future__ import annotations
+
+import collections
+import contextlib
+import dataclasses
+import difflib
+import json
+import math
+import os
+import queue
+import sys
+import threading
+import time
+import traceback
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable, NamedTuple
+
+import chex
+import envpool
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+import tyro
+import wandb
+from flax.training.train_state import TrainState
+from jax.sharding import Mesh, NamedSharding
+from jax.sharding import PartitionSpec as P
+from tensorboardX import SummaryWriter
+
+
+@dataclass
+class Args:
+    """Sebulba PPO. Defaults: Atari (Breakout-v5) with Cleanba's PPO hyperparameters."""
+
+    exp_name: str = "ppo_envpool"
+    """experiment name, part of the default run name"""
+    seed: int = 1
+    """root seed for parameters, actions and environments"""
+    track: bool = False
+    """mirror metrics and config to Weights & Biases (set WANDB_MODE=offline to log locally)"""
+    wandb_project_name: str = "sebulba"
+    """W&B project"""
+    wandb_entity: str | None = None
+    """W&B entity (team or user); None uses your default entity"""
+    log_frequency: int = 10
+    """write metrics and one console line every this many learner updates"""
+    run_name: str | None = None
+    """run directory name under runs/; default {env_id}__{exp_name}__{seed}__{unix time}"""
+
+    env_id: str = "Breakout-v5"
+    """EnvPool task id: Atari `*-v5` (IMPALA ResNet) or a vector-observation discrete task (MLP)"""
+    total_timesteps: int = 50_000_000
+    """env steps to train for, summed over every env (Atari: frames = 4 x env steps)"""
+    local_num_envs: int = 64
+    """envs in each actor thread's EnvPool pool"""
+    async_batch_size: int | None = None
+    """envs returned by each `recv`; smaller than --local-num-envs so stepping and inference overlap (default: half the pool)"""
+    num_env_threads: int = 0
+    """EnvPool worker threads per pool; 0 = this machine's cores divided over the actor threads"""
+    episodic_life: bool = False
+    """Atari: end a training episode at every life loss (the raw game return is still logged per game)"""
+
+    learning_rate: float = 2.5e-4
+    """Adam learning rate"""
+    anneal_lr: bool = True
+    """anneal the learning rate linearly to 0 over the run"""
+    num_steps: int = 128
+    """transitions per env in one rollout"""
+    gamma: float = 0.99
+    """discount factor"""
+    gae_lambda: float = 0.95
+    """GAE lambda"""
+    num_minibatches: int = 4
+    """minibatches per epoch on each learner device"""
+    gradient_accumulation_steps: int = 1
+    """microbatches each minibatch's gradient is accumulated over (same result, less memory)"""
+    update_epochs: int = 4
+    """passes over each rollout batch"""
+    norm_adv: bool = True
+    """normalise advantages per minibatch"""
+    clip_coef: float = 0.1
+    """PPO surrogate clipping coefficient epsilon"""
+    ent_coef: float = 0.01
+    """entropy bonus coefficient"""
+    vf_coef: float = 0.5
+    """value loss coefficient"""
+    max_grad_norm: float = 0.5
+    """global gradient norm clip"""
+    channels: tuple[int, ...] = (16, 32, 32)
+    """IMPALA ResNet channels, one conv stack each (Atari)"""
+    hiddens: tuple[int, ...] = (256,)
+    """dense layer widths after the ResNet (Atari), or of the MLP (vector observations)"""
+
+    actor_device_ids: list[int] = dataclasses.field(default_factory=lambda: [0])
+    """local device ids that run actor threads and policy inference"""
+    learner_device_ids: list[int] = dataclasses.field(default_factory=lambda: [0])
+    """local device ids of the learner mesh; the batch's env axis is split over them"""
+    num_actor_threads: int = 2
+    """actor threads per actor device, each with its own EnvPool pool"""
+    max_policy_lag: int = 1
+    """bound on policy lag (learner version - version that chose the action); 0 = synchronous"""
+    stall_timeout_s: float = 600.0
+    """seconds without a rollout or a parameter update before the run fails as stalled"""
+
+
+# ---------------------------------------------------------------------------
+# Configuration: derived quantities and checks, before any thread or device work.
+
+
+class ConfigError(ValueError):
+    """A configuration that cannot work; the message says what to change."""
+
+
+def _nearest_multiples(value: int, divisor: int) -> str:
+    lower = (value // divisor) * divisor
+    options = [v for v in (lower, lower + divisor) if v > 0]
+    return " or ".join(str(v) for v in options)
+
+
+def is_atari(env_id: str) -> bool:
+    return type(envpool.make_spec(env_id)).__name__ == "AtariEnvSpec"
+
+
+@dataclass(frozen=True)
+class Setup:
+    """Quantities derived once from Args (never CLI flags)."""
+
+    run_name: str
+    async_batch_size: int
+    num_env_threads: int
+    num_actor_threads_total: int  # over every actor device of this process
+    num_envs_total: int  # envs feeding one update
+    batch_size: int  # env steps per update
+    num_updates: int
+    minibatch_size: int  # per learner device
+    envs_per_learner: int
+
+
+def resolve(args: Args) -> Setup:
+    """Check `args` and derive the batch arithmetic.
+
+    Raises:
+      ConfigError: one line naming the flag and valid values.
+    """
+    for name in ("local_num_envs", "num_steps", "num_minibatches", "gradient_accumulation_steps",
+                 "update_epochs", "num_actor_threads", "total_timesteps", "log_frequency"):
+        if getattr(args, name) <= 0:
+            raise ConfigError(f"--{name.replace('_', '-')}={getattr(args, name)} must be positive")
+    for name in ("learning_rate", "stall_timeout_s"):
+        if not getattr(args, name) > 0:
+            raise ConfigError(f"--{name.replace('_', '-')}={getattr(args, name)} must be positive")
+    for name in ("gamma", "gae_lambda"):
+        if not 0 < getattr(args, name) <= 1:
+            raise ConfigError(f"--{name.replace('_', '-')}={getattr(args, name)} must be in (0, 1]")
+    if args.max_policy_lag < 0:
+        raise ConfigError(f"--max-policy-lag={args.max_policy_lag} must be >= 0")
+    if not args.actor_device_ids or not args.learner_device_ids:
+        raise ConfigError("--actor-device-ids and --learner-device-ids each need at least one id")
+    for flag, ids in (("actor", args.actor_device_ids), ("learner", args.learner_device_ids)):
+        if len(set(ids)) != len(ids) or min(ids) < 0:
+            raise ConfigError(f"--{flag}-device-ids {ids}: ids must be distinct and >= 0")
+    if args.env_id not in envpool.list_all_envs():
+        close = difflib.get_close_matches(args.env_id, envpool.list_all_envs(), n=3)
+        hint = f"; did you mean {', '.join(close)}?" if close else "; see envpool.list_all_envs()"
+        raise ConfigError(f"--env-id {args.env_id} is not an EnvPool task{hint}")
+    if envpool.make_spec(args.env_id).action_space.__class__.__name__ != "Discrete":
+        raise ConfigError(f"--env-id {args.env_id} has continuous actions; this script supports discrete tasks")
+    n = args.local_num_envs
+    async_batch = args.async_batch_size if args.async_batch_size is not None else max(1, n // 2)
+    if not 0 < async_batch <= n or n % async_batch:
+        raise ConfigError(f"--async-batch-size={async_batch} must divide --local-num-envs={n}; "
+                          f"use one of {[d for d in range(1, n + 1) if n % d == 0]}")
+    num_learners = len(args.learner_device_ids)
+    if n % num_learners:
+        raise ConfigError(f"--local-num-envs={n} is not divisible by {num_learners} learner devices; "
+                          f"use {_nearest_multiples(n, num_learners)}")
+    num_threads = len(args.actor_device_ids) * args.num_actor_threads
+    num_envs_total = num_threads * n
+    envs_per_learner = num_envs_total // num_learners
+    per_learner = args.num_steps * envs_per_learner
+    chunks = args.num_minibatches * args.gradient_accumulation_steps
+    if per_learner % chunks:
+        raise ConfigError(f"{per_learner} transitions per learner device (num_steps x envs per learner) do not split "
+                          f"into --num-minibatches={args.num_minibatches} x --gradient-accumulation-steps="
+                          f"{args.gradient_accumulation_steps}; choose sizes whose product divides {per_learner}")
+    batch_size = args.num_steps * num_envs_total
+    if args.total_timesteps < batch_size:
+        raise ConfigError(f"--total-timesteps={args.total_timesteps} is smaller than one batch ({batch_size} env steps "
+                          f"= num_steps x envs); use at least {batch_size}")
+    cores = os.cpu_count() or 1
+    return Setup(
+        run_name=args.run_name or f"{args.env_id}__{args.exp_name}__{args.seed}__{int(time.time())}",
+        async_batch_size=async_batch,
+        num_env_threads=args.num_env_threads or max(1, cores // num_threads),
+        num_actor_threads_total=num_threads,
+        num_envs_total=num_envs_total,
+        batch_size=batch_size,
+        num_updates=args.total_timesteps // batch_size,
+        minibatch_size=per_learner // args.num_minibatches,
+        envs_per_learner=envs_per_learner,
+    )
+
+
+def setup_devices(args: Args) -> tuple[list[jax.Device], list[jax.Device]]:
+    """Return (actor devices, learner devices); on CPU, create missing virtual devices.
+
+    On the CPU backend `jax_num_cpu_devices` is raised to cover the largest requested id,
+    unless the user's XLA_FLAGS already set a device count (never overwritten).
+
+    Raises:
+      ConfigError: a requested id does not exist on this process.
+    """
+    needed = max(args.actor_device_ids + args.learner_device_ids) + 1
+    created = False
+    if "xla_force_host_platform_device_count" not in os.environ.get("XLA_FLAGS", ""):
+        with contextlib.suppress(RuntimeError):  # the backend is already up (e.g. in tests): use what exists
+            if needed > jax.config.jax_num_cpu_devices:
+                jax.config.update("jax_num_cpu_devices", needed)
+                created = True
+    devices = jax.local_devices()
+    if needed > len(devices):
+        raise ConfigError(f"device id {needed - 1} requested but this process has {len(devices)} "
+                          f"{devices[0].platform} devices; use ids 0..{len(devices) - 1}")
+    if created and devices[0].platform == "cpu" and needed > 1:
+        print(f"no accelerator: running on {len(devices)} virtual CPU devices (jax_num_cpu_devices={needed})")
+    return [devices[i] for i in args.actor_device_ids], [devices[i] for i in args.learner_device_ids]
+
+
+# ---------------------------------------------------------------------------
+# Environments.
+
+
+def make_envs(args: Args, num_envs: int, batch_size: int, seed: int, num_threads: int):
+    """EnvPool pool in async mode when batch_size < num_envs.
+
+    Atari follows the Machado et al. (2018) evaluation protocol: sticky actions (p=0.25),
+    full action space, no life-loss signal unless --episodic-life, 108k-frame (27k-step)
+    limit, no no-op starts beyond EnvPool's minimum. Rewards come back raw; clipping for
+    training happens in `RolloutAssembler` so the raw game score stays available.
+    """
+    kwargs: dict[str, Any] = {}
+    if is_atari(args.env_id):
+        kwargs = dict(episodic_life=args.episodic_life, reward_clip=False, repeat_action_probability=0.25,
+                      full_action_space=True, max_episode_steps=27_000, noop_max=1)
+    return envpool.make(args.env_id, env_type="gymnasium", num_envs=num_envs, batch_size=batch_size,
+                        seed=seed, num_threads=num_threads, **kwargs)
+
+
+# ---------------------------------------------------------------------------
+# Networks.
+
+
+class ResidualBlock(nn.Module):
+    channels: int
+
+    @nn.compact
+    def __call__(self, x):
+        y = nn.Conv(self.channels, (3, 3))(nn.relu(x))
+        y = nn.Conv(self.channels, (3, 3))(nn.relu(y))
+        return x + y
+
+
+class ImpalaEncoder(nn.Module):
+    """IMPALA ResNet (Espeholt et al. 2018, Fig. 3): conv, max-pool, two residual blocks per stack."""
+
+    channels: tuple[int, ...]
+    hiddens: tuple[int, ...]
+
+    @nn.compact
+    def __call__(self, obs):  # obs: [B, C, H, W] uint8 frames
+        x = jnp.transpose(obs, (0, 2, 3, 1)).astype(jnp.float32) / 255.0
+        for c in self.channels:
+            x = nn.Conv(c, (3, 3))(x)
+            x = nn.max_pool(x, (3, 3), strides=(2, 2), padding="SAME")
+            x = ResidualBlock(c)(x)
+            x = ResidualBlock(c)(x)
+        x = nn.relu(x).reshape((x.shape[0], -1))
+        for h in self.hiddens:
+            x = nn.relu(nn.Dense(h)(x))
+        return x
+
+
+class MLPEncoder(nn.Module):
+    hiddens: tuple[int, ...]
+
+    @nn.compact
+    def __call__(self, obs):  # obs: [B, D] float
+        x = obs.reshape((obs.shape[0], -1)).astype(jnp.float32)
+        for h in self.hiddens:
+            x = nn.tanh(nn.Dense(h, kernel_init=nn.initializers.orthogonal(np.sqrt(2)))(x))
+        return x
+
+
+class Agent(nn.Module):
+    """Categorical policy and value heads. Atari: one shared ResNet; vector observations:
+    separate policy and value MLPs (as in CleanRL's classic-control PPO), so the value
+    loss does not swamp the policy's features. Returns (logits [B, A], value [B])."""
+
+    num_actions: int
+    channels: tuple[int, ...]
+    hiddens: tuple[int, ...]
+    atari: bool
+
+    @nn.compact
+    def __call__(self, obs):
+        if self.atari:
+            policy_x = value_x = ImpalaEncoder(self.channels, self.hiddens)(obs)
+        else:
+            policy_x, value_x = MLPEncoder(self.hiddens)(obs), MLPEncoder(self.hiddens)(obs)
+        logits = nn.Dense(self.num_actions, kernel_init=nn.initializers.orthogonal(0.01))(policy_x)
+        value = nn.Dense(1, kernel_init=nn.initializers.orthogonal(1.0))(value_x)[:, 0]
+        return logits, value
+
+
+# ---------------------------------------------------------------------------
+# Pure math: GAE and the PPO loss.
+
+
+def compute_gae(rewards, values, terminated, truncated, gamma: float, gae_lambda: float):
+    """Generalised advantage estimation (Schulman et al. 2016, eq. 16) with episode ends.
+
+    Transition t goes from state s_t (value `values[t]`) to s_{t+1} (value `values[t+1]`),
+    earning `rewards[t]`. If it ended the episode by termination, s_{t+1} is worth 0; by
+    truncation (time limit), s_{t+1} is bootstrapped from `values[t+1]`. Either way the
+    recursion does not cross the episode end:
+
+      delta_t = r_t + gamma * (1 - term_t) * V(s_{t+1}) - V(s_t)
+      A_t     = delta_t + gamma * lambda * (1 - term_t) * (1 - trunc_t) * A_{t+1}
+
+    Args:
+      rewards: [T, B] float32.
+      values: [T + 1, B] float32; values[T] bootstraps the last transition.
+      terminated, truncated: [T, B] bool, how transition t ended.
+    Returns:
+      (advantages [T, B], returns [T, B]) with returns = advantages + values[:T].
+    """
+    chex.assert_rank([rewards, values, terminated, truncated], 2)
+    chex.assert_equal_shape([rewards, terminated, truncated, values[1:]])
+    not_term = 1.0 - terminated.astype(jnp.float32)
+    not_done = not_term * (1.0 - truncated.astype(jnp.float32))
+    deltas = rewards + gamma * not_term * values[1:] - values[:-1]
+
+    def step(next_advantage, xs):
+        delta, continues = xs
+        advantage = delta + gamma * gae_lambda * continues * next_advantage
+        return advantage, advantage
+
+    _, advantages = jax.lax.scan(step, jnp.zeros_like(deltas[0]), (deltas, not_done), reverse=True)
+    return advantages, advantages + values[:-1]
+
+
+def masked_mean(x, mask):
+    """Mean of x over entries where mask is 1; 0 when the mask is empty."""
+    return jnp.sum(x * mask) / jnp.maximum(jnp.sum(mask), 1.0)
+
+
+def normalize_advantages(advantages, mask):
+    """Zero-mean, unit-std advantages using only unmasked entries for the statistics."""
+    mean = masked_mean(advantages, mask)
+    std = jnp.sqrt(masked_mean(jnp.square(advantages - mean), mask))
+    return (advantages - mean) / (std + 1e-8)
+
+
+class Minibatch(NamedTuple):
+    obs: jax.Array  # [M, *obs_shape]
+    actions: jax.Array  # [M] int32
+    logprobs: jax.Array  # [M] behaviour-policy log pi(a|s)
+    advantages: jax.Array  # [M]
+    returns: jax.Array  # [M] value targets
+    mask: jax.Array  # [M] float32, 0 for EnvPool's auto-reset steps
+
+
+def ppo_loss(params, apply_fn, mb: Minibatch, clip_coef: float, ent_coef: float, vf_coef: float, norm_adv: bool):
+    """Clipped surrogate objective (Schulman et al. 2017, eq. 7) + value loss - entropy bonus.
+
+    Every mean is weighted by `mb.mask`, so auto-reset steps carry no gradient and do not
+    enter the advantage statistics. Returns (loss, metrics dict).
+    """
+    logits, values = apply_fn(params, mb.obs)
+    logp_all = jax.nn.log_softmax(logits)
+    logprobs = jnp.take_along_axis(logp_all, mb.actions[:, None], axis=-1)[:, 0]
+    log_ratio = logprobs - mb.logprobs
+    ratio = jnp.exp(log_ratio)
+    advantages = normalize_advantages(mb.advantages, mb.mask) if norm_adv else mb.advantages
+    pg_loss = masked_mean(jnp.maximum(-advantages * ratio, -advantages * jnp.clip(ratio, 1 - clip_coef, 1 + clip_coef)), mb.mask)
+    v_loss = 0.5 * masked_mean(jnp.square(values - mb.returns), mb.mask)
+    entropy = masked_mean(-jnp.sum(jax.nn.softmax(logits) * logp_all, axis=-1), mb.mask)
+    loss = pg_loss - ent_coef * entropy + vf_coef * v_loss
+    metrics = dict(policy_loss=pg_loss, value_loss=v_loss, entropy=entropy,
+                   approx_kl=masked_mean((ratio - 1) - log_ratio, mb.mask),
+                   clipfrac=masked_mean((jnp.abs(ratio - 1) > clip_coef).astype(jnp.float32), mb.mask))
+    return loss, metrics
+
+
+# ---------------------------------------------------------------------------
+# Rollout assembly: EnvPool returns env ids in any order; each env has its own time axis.
+
+
+class Rollout(NamedTuple):
+    """num_steps + 1 rows per env. Row t holds what `recv` returned for obs_t and the action
+    taken on it; row num_steps is also row 0 of the env's next rollout.
+
+    obs [T+1, N, *obs]; actions [T+1, N] int32; logprobs, values [T+1, N] float32 (behaviour
+    policy); rewards [T+1, N] float32 (training reward received *with* obs_t, i.e. of
+    transition t-1); terminated, truncated [T+1, N] bool (obs_t ended its episode); versions
+    [T+1, N] int32 (params version that chose actions[t]).
+    """
+
+    obs: np.ndarray
+    actions: np.ndarray
+    logprobs: np.ndarray
+    values: np.ndarray
+    rewards: np.ndarray
+    terminated: np.ndarray
+    truncated: np.ndarray
+    versions: np.ndarray
+
+
+class RolloutAssembler:
+    """Writes each `recv` batch into per-env trajectories and emits complete rollouts.
+
+    Tracks the raw (unclipped) return and length of every real game: a game ends on
+    truncation, or on termination with no lives left (with --episodic-life a life loss
+    terminates the training episode but not the game). Envs that EnvPool runs ahead write
+    into the next rollout's buffer, never into another env's time axis.
+    """
+
+    max_pending = 8  # rollouts one env may run ahead of the slowest before we call it starvation
+
+    def __init__(self, num_envs: int, num_steps: int, obs_shape, obs_dtype, clip_rewards: bool, episodic_life: bool):
+        self.num_envs, self.num_steps = num_envs, num_steps
+        self.obs_shape, self.obs_dtype = tuple(obs_shape), obs_dtype
+        self.clip_rewards, self.episodic_life = clip_rewards, episodic_life
+        self.generation = np.zeros(num_envs, np.int64)  # rollout index each env is writing
+        self.row = np.zeros(num_envs, np.int64)  # next row in that rollout
+        self.buffers: dict[int, Rollout] = {}
+        self.rows_done: dict[int, int] = collections.Counter()  # envs that wrote their last row
+        self.emitted = 0
+        self.game_return = np.zeros(num_envs, np.float64)
+        self.game_length = np.zeros(num_envs, np.int64)
+        self.prev_done = np.ones(num_envs, bool)  # the first obs after reset carries no reward
+        self.episode_returns: list[float] = []
+        self.episode_lengths: list[int] = []
+
+    def _buffer(self, generation: int) -> Rollout:
+        if generation not in self.buffers:
+            if len(self.buffers) >= self.max_pending:
+                raise RuntimeError(f"EnvPool ran some envs {self.max_pending} rollouts ahead of others; "
+                                   "env stepping is starved - use fewer envs per thread or a larger --async-batch-size")
+            shape = (self.num_steps + 1, self.num_envs)
+            self.buffers[generation] = Rollout(
+                np.zeros(shape + self.obs_shape, self.obs_dtype), np.zeros(shape, np.int32),
+                np.zeros(shape, np.float32), np.zeros(shape, np.float32), np.zeros(shape, np.float32),
+                np.zeros(shape, bool), np.zeros(shape, bool), np.zeros(shape, np.int32))
+        return self.buffers[generation]
+
+    def add(self, env_id, obs, reward, terminated, truncated, lives, actions, logprobs, values, version: int):
+        """Record one batch (all [B] arrays, `reward` raw). Returns the rollouts completed by it,
+        each as (Rollout, episode returns, episode lengths) for games that ended since the last one."""
+        done = terminated | truncated
+        counts = ~self.prev_done[env_id]
+        self.game_return[env_id] += np.where(counts, reward, 0.0)
+        self.game_length[env_id] += counts
+        game_over = truncated | (terminated & ((lives == 0) if self.episodic_life and lives is not None else True))
+        for e in env_id[game_over]:
+            self.episode_returns.append(float(self.game_return[e]))
+            self.episode_lengths.append(int(self.game_length[e]))
+        self.game_return[env_id[game_over]] = 0.0
+        self.game_length[env_id[game_over]] = 0
+        self.prev_done[env_id] = done
+        train_reward = np.clip(reward, -1.0, 1.0) if self.clip_rewards else reward
+        fields = (obs, actions, logprobs, values, train_reward, terminated, truncated, version)
+
+        generations, rows = self.generation[env_id], self.row[env_id]
+        for g in np.unique(generations):
+            sel = generations == g
+            self._write(self._buffer(int(g)), rows[sel], env_id[sel], fields, sel)
+            last = sel & (rows == self.num_steps)
+            if last.any():  # the last row of rollout g is row 0 of rollout g + 1
+                self._write(self._buffer(int(g) + 1), np.zeros(int(last.sum()), np.int64), env_id[last], fields, last)
+                self.rows_done[int(g)] += int(last.sum())
+        self.row[env_id] += 1
+        wrapped = env_id[self.row[env_id] > self.num_steps]
+        self.generation[wrapped] += 1
+        self.row[wrapped] = 1
+
+        completed = []
+        while self.rows_done.get(self.emitted, 0) == self.num_envs:
+            del self.rows_done[self.emitted]
+            completed.append((self.buffers.pop(self.emitted), self.episode_returns, self.episode_lengths))
+            self.episode_returns, self.episode_lengths = [], []
+            self.emitted += 1
+        return completed
+
+    @staticmethod
+    def _write(buffer: Rollout, rows, env_ids, fields, sel):
+        for array, value in zip(buffer, fields):
+            array[rows, env_ids] = value[sel] if np.ndim(value) else value
+
+
+def check_env_ids(env_id, batch_size: int):
+    """Validate one `recv` batch's env ids.
+
+    Raises:
+      RuntimeError: the batch is empty, has the wrong size, or repeats an env id.
+    """
+    if len(env_id) != batch_size:
+        raise RuntimeError(f"EnvPool recv returned {len(env_id)} envs, expected async batch size {batch_size}; "
+                           "recv and send must strictly alternate (envpool#259)")
+    if len(np.unique(env_id)) != len(env_id):
+        raise RuntimeError(f"EnvPool recv returned duplicate env ids {env_id.tolist()} (envpool#312)")
+    return env_id
+
+
+# ---------------------------------------------------------------------------
+# Threads: stop signal, parameter slot, timed queues.
+
+
+class Stopped(Exception):
+    """Raised inside a thread when the run is stopping; not an error."""
+
+
+class StallError(RuntimeError):
+    """No progress for --stall-timeout-s; the message names the waiting component."""
+
+
+class ParamsSlot:
+    """Newest (version, params per actor device), published by the learner."""
+
+    def __init__(self):
+        self._cond = threading.Condition()
+        self.version = -1
+        self.params: list[Any] = []
+
+    def publish(self, version: int, params: list[Any]):
+        with self._cond:
+            self.version, self.params = version, params
+            self._cond.notify_all()
+
+    def wait(self, min_version: int, stop: threading.Event, timeout_s: float, who: str):
+        """Newest (version, params) once version >= min_version; never blocks when it already is."""
+        deadline = time.monotonic() + timeout_s
+        with self._cond:
+            while self.version < min_version:
+                if stop.is_set():
+                    raise Stopped
+                if time.monotonic() > deadline:
+                    raise StallError(f"{who} waited {timeout_s:.0f}s for params version {min_version} "
+                                     f"(learner is at {self.version}): the learner stalled")
+                self._cond.wait(0.1)
+            return self.version, self.params
+
+
+def timed_put(q: queue.Queue, item, stop: threading.Event, timeout_s: float, who: str):
+    deadline = time.monotonic() + timeout_s
+    while not stop.is_set():
+        try:
+            return q.put(item, timeout=0.1)
+        except queue.Full:
+            if time.monotonic() > deadline:
+                raise StallError(f"{who} could not hand a rollout to the learner for {timeout_s:.0f}s: "
+                                 "the learner stopped consuming") from None
+    raise Stopped
+
+
+def timed_get(q: queue.Queue, stop: threading.Event, timeout_s: float, who: str):
+    deadline = time.monotonic() + timeout_s
+    while not stop.is_set():
+        try:
+            return q.get(timeout=0.1)
+        except queue.Empty:
+            if time.monotonic() > deadline:
+                raise StallError(f"{who} received no rollout for {timeout_s:.0f}s: the actor stalled") from None
+    raise Stopped
+
+
+class Timer:
+    """Accumulates seconds per stage name: `with timer("env_recv"): ...`."""
+
+    def __init__(self):
+        self.totals: dict[str, float] = collections.defaultdict(float)
+
+    @contextlib.contextmanager
+    def __call__(self, name: str):
+        start = time.perf_counter()
+        yield
+        self.totals[name] += time.perf_counter() - start
+
+    def pop(self) -> dict[str, float]:
+        totals, self.totals = dict(self.totals), collections.defaultdict(float)
+        return totals
+
+
+# ---------------------------------------------------------------------------
+# Actor thread.
+
+
+def make_policy_fn(agent: Agent):
+    """jit(params, obs [B, *obs], key) -> (action [B] int32, logprob [B], value [B], key)."""
+
+    @jax.jit
+    def policy(params, obs, key):
+        logits, value = agent.apply(params, obs)
+        key, sample_key = jax.random.split(key)
+        action = jax.random.categorical(sample_key, logits)
+        logprob = jnp.take_along_axis(jax.nn.log_softmax(logits), action[:, None], axis=-1)[:, 0]
+        return action.astype(jnp.int32), logprob, value, key
+
+    return policy
+
+
+def run_actor(envs, policy, device: jax.Device, key, params_slot: ParamsSlot, rollout_queue: queue.Queue,
+              assembler: RolloutAssembler, num_rollouts: int, args: Args, batch_size: int,
+              stop: threading.Event, name: str):
+    """Step `envs` with strictly alternating recv -> policy -> send until `num_rollouts` are queued.
+
+    Each queued item is (Rollout, episode returns, episode lengths, stats dict in seconds).
+    """
+    timer = Timer()
+    key = jax.device_put(key, device)
+    last_emit = time.perf_counter()
+    envs.async_reset()
+    while assembler.emitted < num_rollouts:
+        if stop.is_set():
+            raise Stopped
+        with timer("env_recv_time_s"):
+            obs, reward, terminated, truncated, info = envs.recv()
+        env_id = check_env_ids(np.asarray(info["env_id"]), batch_size)
+        # An env writing rollout g must act with params >= g - max_policy_lag; never wait for a
+        # version that needs this thread's own unfinished rollout (that would deadlock).
+        needed = min(int(assembler.generation[env_id].max()) - args.max_policy_lag, assembler.emitted)
+        with timer("params_wait_time_s"):
+            version, params = params_slot.wait(needed, stop, args.stall_timeout_s, name)
+        with timer("inference_time_s"):
+            action, logprob, value, key = policy(params[0], obs, key)
+            action, logprob, value = np.asarray(action), np.asarray(logprob), np.asarray(value)
+        with timer("env_send_time_s"):
+            envs.send(action, env_id)
+        with timer("rollout_assembly_time_s"):
+            completed = assembler.add(env_id, obs, reward, terminated, truncated, info.get("lives"),
+                                      action, logprob, value, version)
+        for rollout, returns, lengths in completed:
+            now = time.perf_counter()
+            stats = timer.pop()
+            stats["actor_sps"] = rollout.actions[1:].size / (now - last_emit)
+            with timer("rollout_queue_put_time_s"):
+                timed_put(rollout_queue, (rollout, returns, lengths, stats), stop, args.stall_timeout_s, name)
+            last_emit = now
+
+
+# ---------------------------------------------------------------------------
+# Learner: one compiled SPMD update over the learner mesh.
+
+
+class Placement:
+    """Every device placement of the script: actor devices, the learner mesh and its shardings."""
+
+    def __init__(self, actor_devices: list[jax.Device], learner_devices: list[jax.Device]):
+        self.actor_devices = actor_devices
+        self.mesh = Mesh(np.array(learner_devices), ("learner",))
+        self.replicated = NamedSharding(self.mesh, P())
+        self.env_sharded = NamedSharding(self.mesh, P(None, "learner"))  # [T, envs, ...]: env axis split
+
+    def to_actors(self, params) -> list[Any]:
+        """One copy of `params` on each actor device (list in actor_devices order)."""
+        return [jax.device_put(params, d) for d in self.actor_devices]
+
+    def to_learners(self, rollouts: list[Rollout]) -> Rollout:
+        """Concatenate per-thread host rollouts [T+1, N] into one [T+1, K*N] batch on the mesh,
+        ordered so each learner device's contiguous env slice holds an equal part of every
+        thread's envs."""
+        num_learners = self.mesh.devices.size
+
+        def interleave(*xs):
+            x = np.stack(xs)  # [K, T+1, N, ...]
+            k, t, n = x.shape[:3]
+            x = x.reshape((k, t, num_learners, n // num_learners) + x.shape[3:])
+            return np.moveaxis(x, 0, 2).reshape((t, k * n) + x.shape[4:])
+
+        return jax.device_put(Rollout(*[interleave(*fields) for fields in zip(*rollouts)]), self.env_sharded)
+
+
+def prepare_transitions(rollout: Rollout, gamma: float, gae_lambda: float) -> Minibatch:
+    """Turn a rollout's T+1 rows into T training transitions [T, N] (Minibatch fields).
+
+    Transition t is (obs_t, action_t) -> reward and episode end received with obs_{t+1}.
+    Its mask is 0 when obs_t itself ended an episode: EnvPool ignores that action and resets
+    (the auto-reset step), so it must carry no learning signal.
+    """
+    mask = ~(rollout.terminated[:-1] | rollout.truncated[:-1])
+    advantages, returns = compute_gae(rollout.rewards[1:], rollout.values, rollout.terminated[1:],
+                                      rollout.truncated[1:], gamma, gae_lambda)
+    return Minibatch(rollout.obs[:-1], rollout.actions[:-1], rollout.logprobs[:-1], advantages, returns,
+                     mask.astype(jnp.float32))
+
+
+def make_update_fn(args: Args, agent: Agent, mesh: Mesh):
+    """jit(shard_map(update)): (TrainState, Rollout sharded on env axis, key) -> (TrainState, metrics).
+
+    On each learner device: GAE on its env slice, then update_epochs x num_minibatches
+    optimizer steps, each accumulating gradient_accumulation_steps microbatch gradients,
+    averaged over devices with `lax.pmean`. On XLA:CPU the epoch and minibatch loops are
+    fully unrolled: a conv-net gradient inside a rolled loop runs 10-20x slower there.
+    """
+    unroll = mesh.devices.flat[0].platform == "cpu"
+    n_mb, n_acc = args.num_minibatches, args.gradient_accumulation_steps
+
+    def loss_fn(params, mb):
+        return ppo_loss(params, agent.apply, mb, args.clip_coef, args.ent_coef, args.vf_coef, args.norm_adv)
+
+    def minibatch_step(state: TrainState, mb: Minibatch):
+        def micro_step(grads, micro):
+            (_, metrics), g = jax.value_and_grad(loss_fn, has_aux=True)(state.params, micro)
+            return jax.tree.map(jnp.add, grads, g), metrics
+
+        zeros = jax.tree.map(jnp.zeros_like, state.params)
+        micro = jax.tree.map(lambda x: x.reshape((n_acc, -1) + x.shape[1:]), mb)
+        grads, metrics = jax.lax.scan(micro_step, zeros, micro, unroll=unroll)
+        grads = jax.lax.pmean(jax.tree.map(lambda g: g / n_acc, grads), "learner")
+        return state.apply_gradients(grads=grads), metrics
+
+    def update(state: TrainState, rollout: Rollout, key):
+        transitions = prepare_transitions(rollout, args.gamma, args.gae_lambda)
+        data = jax.tree.map(lambda x: x.reshape((-1,) + x.shape[2:]), transitions)  # [T * n_local, ...]
+        key = jax.random.fold_in(key, jax.lax.axis_index("learner"))
+
+        def epoch(state, epoch_key):
+            perm = jax.random.permutation(epoch_key, data.actions.shape[0])
+            shuffled = jax.tree.map(lambda x: x[perm].reshape((n_mb, -1) + x.shape[1:]), data)
+            return jax.lax.scan(minibatch_step, state, shuffled, unroll=unroll)
+
+        state, metrics = jax.lax.scan(epoch, state, jax.random.split(key, args.update_epochs), unroll=unroll)
+        metrics = jax.tree.map(lambda m: jax.lax.pmean(jnp.mean(m), "learner"), metrics)
+        return state, metrics
+
+    sharded = jax.shard_map(update, mesh=mesh, in_specs=(P(), P(None, "learner"), P()), out_specs=(P(), P()))
+    return jax.jit(sharded)
+
+
+# ---------------------------------------------------------------------------
+# Logging: one logger for console, TensorBoard and W&B.
+
+
+class Logger:
+    def __init__(self, args: Args, setup: Setup, run_dir: Path):
+        self.writer = SummaryWriter(str(run_dir))
+        self.wandb = None
+        if args.track:
+            self.wandb = wandb.init(project=args.wandb_project_name, entity=args.wandb_entity, name=setup.run_name,
+                                    config=dict(vars(args), **dataclasses.asdict(setup)), dir=str(run_dir))
+
+    def log(self, metrics: dict[str, float], step: int):
+        for k, v in metrics.items():
+            self.writer.add_scalar(k, v, step)
+        if self.wandb is not None:
+            self.wandb.log(metrics, step=step)
+
+    def close(self):
+        self.writer.close()
+        if self.wandb is not None:
+            self.wandb.finish()
+
+
+def _stats(prefix: str, values) -> dict[str, float]:
+    return {f"{prefix}_min": float(np.min(values)), f"{prefix}_mean": float(np.mean(values)),
+            f"{prefix}_max": float(np.max(values))}
+
+
+# ---------------------------------------------------------------------------
+# Learner thread and main.
+
+
+def run_learner(args: Args, setup: Setup, state: TrainState, update_fn, lr_schedule, placement: Placement,
+                params_slot: ParamsSlot, queues: list[queue.Queue], key, logger: Logger, stop: threading.Event,
+                start_time: float, summary: dict):
+    """Consume one rollout per actor thread (fixed order) per update; publish params after each."""
+    episode_returns: collections.deque = collections.deque(maxlen=20)
+    episode_lengths: collections.deque = collections.deque(maxlen=20)
+    window = collections.defaultdict(list)
+    timer = Timer()
+    for update in range(setup.num_updates):
+        items = []
+        with timer("rollout_queue_get_time_s"):
+            for i, q in enumerate(queues):
+                items.append(timed_get(q, stop, args.stall_timeout_s, f"learner (from actor thread {i})"))
+        with timer("transfer_time_s"):
+            batch = jax.block_until_ready(placement.to_learners([it[0] for it in items]))
+        key, update_key = jax.random.split(key)
+        with timer("update_time_s"):
+            state, metrics = update_fn(state, batch, update_key)
+            metrics = jax.device_get(metrics)
+        params_slot.publish(update + 1, placement.to_actors(state.params))
+
+        lag = update - np.concatenate([it[0].versions[:-1].ravel() for it in items])
+        for _, returns, lengths, stats in items:
+            episode_returns.extend(returns)
+            episode_lengths.extend(lengths)
+            for k, v in stats.items():
+                window[f"actor/{k}"].append(v)
+        window["policy_lag_min"].append(lag.min())
+        window["policy_lag_mean"].append(lag.mean())
+        window["policy_lag_max"].append(lag.max())
+        for k, v in {**timer.pop(), **metrics}.items():
+            window[k].append(v)
+        global_step = (update + 1) * setup.batch_size
+        if (update + 1) % args.log_frequency == 0 or update + 1 == setup.num_updates:
+            elapsed = time.time() - start_time
+            record = {f"losses/{k}": float(np.mean(window.pop(k))) for k in list(metrics)}
+            record |= {f"time/{k}": float(np.mean(window.pop(k))) for k in list(window) if k.endswith("_s")}
+            record |= {k: float(np.mean(v)) for k, v in window.items() if k.startswith("actor/") and k.endswith("sps")}
+            record |= {"policy_lag/min": float(np.min(window.pop("policy_lag_min"))),
+                       "policy_lag/mean": float(np.mean(window.pop("policy_lag_mean"))),
+                       "policy_lag/max": float(np.max(window.pop("policy_lag_max")))}
+            actor_sps = record.pop("actor/actor_sps", 0.0) * setup.num_actor_threads_total
+            record |= {"charts/sps": global_step / elapsed, "charts/actor_sps": actor_sps,
+                       "charts/learner_sps": setup.batch_size / max(record["time/update_time_s"], 1e-9),
+                       "charts/learning_rate": float(lr_schedule(state.step)), "charts/updates": update + 1,
+                       "charts/rollout_queue_size": float(np.mean([q.qsize() for q in queues]))}
+            if episode_returns:
+                record |= {"charts/episodic_return": float(np.mean(episode_returns)),
+                           "charts/episodic_length": float(np.mean(episode_lengths))}
+            window.clear()
+            logger.log(record, global_step)
+            eta = elapsed / (update + 1) * (setup.num_updates - update - 1)
+            ret = f"{record['charts/episodic_return']:8.1f}" if episode_returns else "     n/a"
+            print(f"step {global_step:>10d} | update {update + 1}/{setup.num_updates} | sps {record['charts/sps']:7.0f} "
+                  f"| return {ret} | policy lag {record['policy_lag/mean']:.2f} "
+                  f"(max {record['policy_lag/max']:.0f}) | eta {eta:5.0f}s", flush=True)
+        summary.update(global_step=global_step, updates=update + 1,
+                       episodic_return_mean=float(np.mean(episode_returns)) if episode_returns else None,
+                       episodic_length_mean=float(np.mean(episode_lengths)) if episode_lengths else None)
+    summary["params"] = state.params
+
+
+def main(args: Args) -> dict:
+    """Train; returns the summary written to runs/<run_name>/summary.json (plus final params)."""
+    setup = resolve(args)
+    actor_devices, learner_devices = setup_devices(args)
+    run_dir = Path("runs") / setup.run_name
+    run_dir.mkdir(parents=True, exist_ok=True)
+    (run_dir / "config.json").write_text(json.dumps({"args": dataclasses.asdict(args), "derived": dataclasses.asdict(setup)}, indent=2))
+    print(f"run {setup.run_name}: {len(actor_devices)} actor device(s) x {args.num_actor_threads} thread(s) x "
+          f"{args.local_num_envs} envs (recv batch {setup.async_batch_size}), {len(learner_devices)} learner device(s); "
+          f"{setup.batch_size} env steps per update, {setup.num_updates} updates")
+
+    atari = is_atari(args.env_id)
+    spec = envpool.make_spec(args.env_id)
+    obs_space, num_actions = spec.observation_space, spec.action_space.n
+    agent = Agent(num_actions, tuple(args.channels), tuple(args.hiddens), atari)
+    key = jax.random.PRNGKey(args.seed)
+    key, init_key, learner_key, actor_root = jax.random.split(key, 4)
+    placement = Placement(actor_devices, learner_devices)
+    params = agent.init(init_key, np.zeros((1,) + obs_space.shape, obs_space.dtype))
+    lr_schedule = optax.linear_schedule(args.learning_rate, 0.0 if args.anneal_lr else args.learning_rate,
+                                        setup.num_updates * args.update_epochs * args.num_minibatches)
+    tx = optax.chain(optax.clip_by_global_norm(args.max_grad_norm), optax.adam(lr_schedule, eps=1e-5))
+    state = jax.device_put(TrainState.create(apply_fn=None, params=params, tx=tx), placement.replicated)
+    update_fn = make_update_fn(args, agent, placement.mesh)
+    policy = make_policy_fn(agent)
+
+    stop = threading.Event()
+    params_slot = ParamsSlot()
+    params_slot.publish(0, placement.to_actors(state.params))
+    queues = [queue.Queue(maxsize=1) for _ in range(setup.num_actor_threads_total)]
+    errors: list[tuple[str, BaseException]] = []
+
+    def supervised(name, fn, *fn_args):
+        def body():
+            try:
+                fn(*fn_args)
+            except Stopped:
+                pass
+            except BaseException as e:  # noqa: BLE001 - every failure ends the run
+                errors.append((name, e))
+                traceback.print_exc()
+                stop.set()
+        return threading.Thread(target=body, name=name, daemon=True)
+
+    def actor(thread_index: int, device):
+        envs = make_envs(args, args.local_num_envs, setup.async_batch_size,
+                         args.seed + thread_index * args.local_num_envs, setup.num_env_threads)
+        assembler = RolloutAssembler(args.local_num_envs, args.num_steps, obs_space.shape, obs_space.dtype,
+                                     clip_rewards=atari, episodic_life=args.episodic_life)
+        try:
+            run_actor(envs, policy, device, jax.random.fold_in(actor_root, thread_index), params_slot,
+                      queues[thread_index], assembler, setup.num_updates, args, setup.async_batch_size, stop,
+                      f"actor thread {thread_index}")
+        finally:
+            envs.close()
+
+    logger = Logger(args, setup, run_dir)
+    summary: dict[str, Any] = {}
+    start_time = time.time()
+    threads = [supervised(f"actor-{d.id}-{k}", actor, i, d)
+               for i, (d, k) in enumerate((d, k) for d in actor_devices for k in range(args.num_actor_threads))]
+    threads.append(supervised("learner", run_learner, args, setup, state, update_fn, lr_schedule, placement,
+                              params_slot, queues, learner_key, logger, stop, start_time, summary))
+    try:
+        for t in threads:
+            t.start()
+        while threads[-1].is_alive() and not stop.is_set():
+            threads[-1].join(0.2)
+    finally:
+        stop.set()
+        for t in threads:
+            t.join(timeout=30)
+        logger.close()
+    if errors:
+        name, error = errors[0]
+        raise RuntimeError(f"{name} failed: {error!r}") from error
+    elapsed = time.time() - start_time
+    summary.update(elapsed_s=elapsed, sps=summary["global_step"] / elapsed, run_dir=str(run_dir))
+    (run_dir / "summary.json").write_text(json.dumps({k: v for k, v in summary.items() if k != "params"}, indent=2))
+    print(f"done: {summary['global_step']} env steps in {elapsed:.1f}s ({summary['sps']:.0f} SPS), "
+          f"episodic return {summary['episodic_return_mean']}; {run_dir}/summary.json")
+    return summary
+
+
+if __name__ == "__main__":
+    main(tyro.cli(Args))

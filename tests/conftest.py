@@ -1,0 +1,13 @@
+"""Test setup: four virtual CPU devices (set before any JAX backend starts), runs in a temp dir."""
+
+import jax
+import pytest
+
+jax.config.update("jax_num_cpu_devices", 4)
+
+
+@pytest.fixture(autouse=True)
+def _in_tmp_dir(tmp_path, monkeypatch):
+    """Every test writes runs/ and wandb/ under its own temporary directory."""
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("WANDB_MODE", "offline")

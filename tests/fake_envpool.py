@@ -1,0 +1,53 @@
+"""A scripted stand-in with EnvPool's async interface, for situations real EnvPool cannot be
+made to produce on demand (a chosen recv order, an empty batch, scripted rewards)."""
+
+import numpy as np
+
+
+class ScriptedPool:
+    """`recv` returns the scripted env-id batches in order. Each env's k-th appearance returns
+    its k-th scripted (reward, terminated, truncated, lives) and an observation
+    [env_id, k, 0] so tests can see where every row came from. Raises, like a pool that
+    lost track, when `recv` is called twice without a `send` in between or when `send`
+    names envs other than the ones just received.
+    """
+
+    def __init__(self, id_batches, num_envs, steps=None):
+        self.id_batches = [np.asarray(b, np.int32) for b in id_batches]
+        self.num_envs = num_envs
+        self.steps = steps or {}  # env -> list of (reward, terminated, truncated, lives)
+        self.appearances = np.zeros(num_envs, int)
+        self.actions_received = {e: [] for e in range(num_envs)}
+        self.pending = None
+        self.calls = 0
+        self.closed = False
+
+    def async_reset(self):
+        self.pending = None
+
+    def recv(self):
+        if self.pending is not None:
+            raise RuntimeError("recv called twice without send")
+        ids = self.id_batches[self.calls]
+        self.calls += 1
+        rows = []
+        for e in ids:
+            k = self.appearances[e]
+            script = self.steps.get(int(e), [])
+            rows.append(script[k] if k < len(script) else (0.0, False, False, 1))
+            self.appearances[e] += 1
+        reward, terminated, truncated, lives = (np.array(c) for c in zip(*rows)) if rows else [np.zeros(0)] * 4
+        obs = np.stack([[e, self.appearances[e] - 1, 0] for e in ids]).astype(np.float32) if len(ids) else np.zeros((0, 3), np.float32)
+        self.pending = ids
+        info = {"env_id": ids, "lives": np.asarray(lives, np.int32), "elapsed_step": np.zeros(len(ids), np.int32)}
+        return obs, np.asarray(reward, np.float32), np.asarray(terminated, bool), np.asarray(truncated, bool), info
+
+    def send(self, actions, env_id):
+        if self.pending is None or not np.array_equal(np.asarray(env_id), self.pending):
+            raise RuntimeError(f"send for {env_id} does not match the last recv {self.pending}")
+        for a, e in zip(np.asarray(actions), env_id):
+            self.actions_received[int(e)].append(int(a))
+        self.pending = None
+
+    def close(self):
+        self.closed = True

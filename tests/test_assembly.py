@@ -1,0 +1,135 @@
+"""Rollout assembly per env id, episode accounting and masking (cases K01-K05)."""
+
+import queue
+import threading
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from fake_envpool import ScriptedPool
+from sebulba.ppo_envpool import (Agent, Args, ParamsSlot, RolloutAssembler, make_policy_fn, prepare_transitions,
+                                 run_actor)
+
+
+def run_scripted_actor(pool, batch_size, num_steps, num_rollouts):
+    """Drive the real actor loop (real policy on CPU device 0) over a scripted pool; no learner
+    publishes params here, so the lag bound is lifted."""
+    agent = Agent(num_actions=3, channels=(), hiddens=(8,), atari=False)
+    params = agent.init(jax.random.PRNGKey(0), jnp.zeros((1, 3)))
+    slot = ParamsSlot()
+    slot.publish(0, [params])
+    q = queue.Queue()
+    assembler = RolloutAssembler(pool.num_envs, num_steps, (3,), np.float32, clip_rewards=False, episodic_life=False)
+    error = None
+    try:
+        run_actor(pool, make_policy_fn(agent), jax.devices()[0], jax.random.PRNGKey(1), slot, q, assembler,
+                  num_rollouts, Args(stall_timeout_s=5, max_policy_lag=1000), batch_size, threading.Event(), "actor")
+    except RuntimeError as e:
+        error = e
+    return [q.get_nowait() for _ in range(q.qsize())], error
+
+
+def round_robin(num_envs, batch_size, n):
+    order = np.arange(num_envs)
+    return [np.roll(order, -i * batch_size)[:batch_size] for i in range(n)]
+
+
+def test_k01_recv_send_alternate_and_an_empty_batch_fails_at_once():
+    batches = round_robin(4, 2, 20) + [np.array([], np.int32)]
+    pool = ScriptedPool(batches, num_envs=4)
+    rollouts, error = run_scripted_actor(pool, batch_size=2, num_steps=4, num_rollouts=10)
+    assert pool.calls == 21  # 20 steps ran without a recv/recv error, then the empty batch
+    assert error is not None and "returned 0 envs" in str(error)
+    assert len(rollouts) == 2  # 10 rows per env: rollouts need 5, then 4 more rows
+    for rollout, *_ in rollouts:
+        assert rollout.obs.shape == (5, 4, 3)
+        assert (rollout.obs[:, :, 0] == np.arange(4)).all()  # every row written, each by its own env
+
+
+def test_k02_out_of_order_ids_stay_on_their_own_env():
+    ids = [[3, 1], [0, 2], [1, 3], [2, 0], [3, 1], [0, 2], [1, 3], [2, 0]]
+    steps = {e: [(100.0 * e + k, False, False, 1) for k in range(10)] for e in range(4)}
+    pool = ScriptedPool(ids, num_envs=4, steps=steps)
+    rollouts, error = run_scripted_actor(pool, batch_size=2, num_steps=3, num_rollouts=1)
+    assert error is None and len(rollouts) == 1
+    rollout = rollouts[0][0]
+    for e in range(4):
+        np.testing.assert_array_equal(rollout.rewards[:, e], 100.0 * e + np.arange(4))  # own rewards, own order
+        np.testing.assert_array_equal(rollout.obs[:, e, 1], np.arange(4))
+        np.testing.assert_array_equal(rollout.actions[:, e], pool.actions_received[e][:4])  # actions went to e
+
+
+def test_k02_duplicate_ids_are_an_error():
+    pool = ScriptedPool([[1, 1]], num_envs=4)
+    _, error = run_scripted_actor(pool, batch_size=2, num_steps=3, num_rollouts=1)
+    assert error is not None and "duplicate env ids" in str(error)
+
+
+def feed(assembler, env, steps):
+    """Feed one env's (reward, terminated, truncated, lives) steps; returns the completed rollouts."""
+    out = []
+    for reward, term, trunc, lives in steps:
+        out += assembler.add(np.array([env]), np.zeros((1, 1)), np.array([reward], np.float32), np.array([term]),
+                             np.array([trunc]), np.array([lives]), np.zeros(1, np.int32), np.zeros(1), np.zeros(1), 0)
+    return out
+
+
+def test_k03_games_split_at_truncation_with_episodic_life():
+    a = RolloutAssembler(1, 100, (1,), np.float32, clip_rewards=True, episodic_life=True)
+    reset = (0.0, False, False, 3)
+    game_a = [reset, (2.0, False, False, 3), (3.0, True, False, 2), reset, (0.0, False, True, 2)]  # time limit
+    game_b = [reset, (4.0, True, False, 2), reset, (6.0, True, False, 1), reset, (0.0, True, False, 0)]
+    feed(a, 0, game_a + game_b)
+    assert a.episode_returns == [5.0, 10.0]
+    assert a.episode_lengths == [3, 3]
+
+
+def test_k04_raw_return_logged_clipped_reward_trained():
+    a = RolloutAssembler(1, 5, (1,), np.float32, clip_rewards=True, episodic_life=False)
+    steps = [(0.0, False, False, 1)] + [(r, False, False, 1) for r in [0, 5, 0, 10]] + [(-3.0, True, False, 0)]
+    (rollout, returns, lengths), = feed(a, 0, steps)
+    assert returns == [12.0] and lengths == [5]
+    np.testing.assert_array_equal(rollout.rewards[1:, 0], [0, 1, 0, 1, -1])
+
+
+def test_k05_auto_reset_step_is_masked_and_done_step_advantage_is_r_minus_v():
+    a = RolloutAssembler(1, 5, (1,), np.float32, clip_rewards=False, episodic_life=False)
+    values = [0.5, 0.7, 0.9, 0.4, 0.3, 0.2]
+    steps = [(0.0, False, False, 1), (1.0, False, False, 1), (1.0, False, False, 1), (2.0, True, False, 1),
+             (0.0, False, False, 1), (1.0, False, False, 1)]  # done at the 3rd step, then EnvPool's reset step
+    out = []
+    for (reward, term, trunc, _), v in zip(steps, values):
+        out += a.add(np.array([0]), np.zeros((1, 1)), np.array([reward], np.float32), np.array([term]),
+                     np.array([trunc]), None, np.zeros(1, np.int32), np.zeros(1), np.array([v]), 0)
+    (rollout, *_), = out
+    t = prepare_transitions(jax.tree.map(jnp.asarray, rollout), gamma=0.99, gae_lambda=0.95)
+    np.testing.assert_array_equal(t.mask[:, 0], [1, 1, 1, 0, 1])
+    np.testing.assert_allclose(t.advantages[2, 0], 2.0 - 0.9, atol=1e-6)  # r - V(s), nothing bootstrapped
+    # The masked step has no weight in the advantage statistics: moving its advantage changes nothing.
+    from sebulba.ppo_envpool import normalize_advantages
+    moved = t.advantages.at[3, 0].set(1e6)
+    np.testing.assert_allclose(normalize_advantages(t.advantages, t.mask) * t.mask,
+                               normalize_advantages(moved, t.mask) * t.mask, atol=1e-5)
+
+
+def test_envs_running_ahead_write_into_the_next_rollout():
+    a = RolloutAssembler(2, 2, (1,), np.float32, clip_rewards=False, episodic_life=False)
+    step = lambda env, r: a.add(np.array([env]), np.array([[r]]), np.array([r], np.float32), np.array([False]),
+                                np.array([False]), None, np.zeros(1, np.int32), np.zeros(1), np.zeros(1), 0)
+    out = []
+    for r in range(6):  # env 0 runs two rollouts ahead
+        out += step(0, r)
+    assert out == []
+    for r in range(3):
+        out += step(1, 10 + r)
+    assert len(out) == 1  # rollout 0 is complete; env 0's rows of rollouts 1 and 2 wait for env 1
+    first = out[0][0]
+    np.testing.assert_array_equal(first.obs[:, 0, 0], [0, 1, 2])
+    np.testing.assert_array_equal(first.obs[:, 1, 0], [10, 11, 12])
+    for r in range(3, 5):
+        out += step(1, 10 + r)
+    second = out[1][0]
+    np.testing.assert_array_equal(second.obs[:, 0, 0], [2, 3, 4])  # its row 0 is the last row of rollout 0
+    np.testing.assert_array_equal(second.obs[:, 1, 0], [12, 13, 14])
