@@ -481,6 +481,11 @@ class RolloutAssembler:
                 np.zeros(shape, bool), np.zeros(shape, bool), np.zeros(shape, np.int32))
         return self.buffers[generation]
 
+    def action_generation(self, env_id):
+        """Rollout index of the transition each env's next action starts ([B] int64): the last
+        row of rollout g is row 0 of rollout g + 1, and its action belongs to g + 1."""
+        return self.generation[env_id] + (self.row[env_id] == self.num_steps)
+
     def add(self, env_id, obs, reward, terminated, truncated, lives, actions, logprobs, values, version: int):
         """Record one batch (all [B] arrays, `reward` raw). Returns the rollouts completed by it,
         each as (Rollout, episode returns, episode lengths) for games that ended since the last one."""
@@ -653,9 +658,9 @@ def run_actor(envs, policy, device: jax.Device, key, params_slot: ParamsSlot, ro
         with timer("env_recv_time_s"):
             obs, reward, terminated, truncated, info = envs.recv()
         env_id = check_env_ids(np.asarray(info["env_id"]), batch_size)
-        # An env writing rollout g must act with params >= g - max_policy_lag; never wait for a
-        # version that needs this thread's own unfinished rollout (that would deadlock).
-        needed = min(int(assembler.generation[env_id].max()) - args.max_policy_lag, assembler.emitted)
+        # An action that starts a transition of rollout g must come from params >= g - max_policy_lag;
+        # never wait for a version that needs this thread's own unfinished rollout (that would deadlock).
+        needed = min(int(assembler.action_generation(env_id).max()) - args.max_policy_lag, assembler.emitted)
         with timer("params_wait_time_s"):
             version, params = params_slot.wait(needed, stop, args.stall_timeout_s, name)
         with timer("inference_time_s"):
@@ -800,16 +805,19 @@ def _stats(prefix: str, values) -> dict[str, float]:
 def run_learner(args: Args, setup: Setup, state: TrainState, update_fn, lr_schedule, placement: Placement,
                 params_slot: ParamsSlot, queues: list[queue.Queue], key, logger: Logger, stop: threading.Event,
                 start_time: float, summary: dict):
-    """Consume one rollout per actor thread (fixed order) per update; publish params after each."""
-    episode_returns: collections.deque = collections.deque(maxlen=20)
-    episode_lengths: collections.deque = collections.deque(maxlen=20)
-    window = collections.defaultdict(list)
+    """Consume one rollout per actor thread (fixed order) per update; publish params after each.
+
+    Logs every --log-frequency updates (means over the window unless the name says min/max);
+    see docs/ppo_envpool.md for every metric.
+    """
+    episodes: collections.deque = collections.deque(maxlen=20)  # (raw return, length) of the last games
+    window: dict[str, list[float]] = collections.defaultdict(list)
     timer = Timer()
+    cpu_start, wall_start = sum(os.times()[:2]), time.time()
     for update in range(setup.num_updates):
-        items = []
         with timer("rollout_queue_get_time_s"):
-            for i, q in enumerate(queues):
-                items.append(timed_get(q, stop, args.stall_timeout_s, f"learner (from actor thread {i})"))
+            items = [timed_get(q, stop, args.stall_timeout_s, f"learner (from actor thread {i})")
+                     for i, q in enumerate(queues)]
         with timer("transfer_time_s"):
             batch = jax.block_until_ready(placement.to_learners([it[0] for it in items]))
         key, update_key = jax.random.split(key)
@@ -818,49 +826,56 @@ def run_learner(args: Args, setup: Setup, state: TrainState, update_fn, lr_sched
             metrics = jax.device_get(metrics)
         params_slot.publish(update + 1, placement.to_actors(state.params))
 
-        lag = update - np.concatenate([it[0].versions[:-1].ravel() for it in items])
+        lag = update - np.concatenate([rollout.versions[:-1].ravel() for rollout, *_ in items])
+        window["policy_lag/min"].append(lag.min())
+        window["policy_lag/mean"].append(lag.mean())
+        window["policy_lag/max"].append(lag.max())
         for _, returns, lengths, stats in items:
-            episode_returns.extend(returns)
-            episode_lengths.extend(lengths)
+            episodes.extend(zip(returns, lengths))
             for k, v in stats.items():
                 window[f"actor/{k}"].append(v)
-        window["policy_lag_min"].append(lag.min())
-        window["policy_lag_mean"].append(lag.mean())
-        window["policy_lag_max"].append(lag.max())
-        for k, v in {**timer.pop(), **metrics}.items():
-            window[k].append(v)
+        for k, v in timer.pop().items():
+            window[f"learner/{k}"].append(v)
+        for k, v in metrics.items():
+            window[f"losses/{k}"].append(v)
         global_step = (update + 1) * setup.batch_size
-        if (update + 1) % args.log_frequency == 0 or update + 1 == setup.num_updates:
-            elapsed = time.time() - start_time
-            record = {f"losses/{k}": float(np.mean(window.pop(k))) for k in list(metrics)}
-            record |= {f"time/{k}": float(np.mean(window.pop(k))) for k in list(window) if k.endswith("_s")}
-            record |= {k: float(np.mean(v)) for k, v in window.items() if k.startswith("actor/") and k.endswith("sps")}
-            record |= {"policy_lag/min": float(np.min(window.pop("policy_lag_min"))),
-                       "policy_lag/mean": float(np.mean(window.pop("policy_lag_mean"))),
-                       "policy_lag/max": float(np.max(window.pop("policy_lag_max")))}
-            actor_sps = record.pop("actor/actor_sps", 0.0) * setup.num_actor_threads_total
-            record |= {"charts/sps": global_step / elapsed, "charts/actor_sps": actor_sps,
-                       "charts/learner_sps": setup.batch_size / max(record["time/update_time_s"], 1e-9),
-                       "charts/learning_rate": float(lr_schedule(state.step)), "charts/updates": update + 1,
-                       "charts/rollout_queue_size": float(np.mean([q.qsize() for q in queues]))}
-            if episode_returns:
-                record |= {"charts/episodic_return": float(np.mean(episode_returns)),
-                           "charts/episodic_length": float(np.mean(episode_lengths))}
-            window.clear()
-            logger.log(record, global_step)
-            eta = elapsed / (update + 1) * (setup.num_updates - update - 1)
-            ret = f"{record['charts/episodic_return']:8.1f}" if episode_returns else "     n/a"
-            print(f"step {global_step:>10d} | update {update + 1}/{setup.num_updates} | sps {record['charts/sps']:7.0f} "
-                  f"| return {ret} | policy lag {record['policy_lag/mean']:.2f} "
-                  f"(max {record['policy_lag/max']:.0f}) | eta {eta:5.0f}s", flush=True)
         summary.update(global_step=global_step, updates=update + 1,
-                       episodic_return_mean=float(np.mean(episode_returns)) if episode_returns else None,
-                       episodic_length_mean=float(np.mean(episode_lengths)) if episode_lengths else None)
-    summary["params"] = state.params
+                       episodic_return_mean=float(np.mean([r for r, _ in episodes])) if episodes else None,
+                       episodic_length_mean=float(np.mean([n for _, n in episodes])) if episodes else None)
+        if (update + 1) % args.log_frequency and update + 1 < setup.num_updates:
+            continue
+
+        now, cpu_now = time.time(), sum(os.times()[:2])
+        record = {k: float(np.mean(v)) for k, v in window.items()}
+        record["policy_lag/min"], record["policy_lag/max"] = min(window["policy_lag/min"]), max(window["policy_lag/max"])
+        learner_time = record["learner/transfer_time_s"] + record["learner/update_time_s"]
+        record |= {"charts/sps": global_step / (now - start_time),
+                   "charts/actor_sps": record.pop("actor/actor_sps") * setup.num_actor_threads_total,
+                   "charts/learner_sps": setup.batch_size / max(learner_time, 1e-9),
+                   "charts/learning_rate": float(lr_schedule(state.step)),
+                   "charts/updates": update + 1,
+                   "charts/rollout_queue_size": float(np.mean([q.qsize() for q in queues])),
+                   "charts/cpu_utilization": (cpu_now - cpu_start) / ((now - wall_start) * (os.cpu_count() or 1))}
+        if episodes:
+            record["charts/episodic_return"] = summary["episodic_return_mean"]
+            record["charts/episodic_length"] = summary["episodic_length_mean"]
+        window.clear()
+        cpu_start, wall_start = cpu_now, now
+        logger.log(record, global_step)
+        eta = (now - start_time) / (update + 1) * (setup.num_updates - update - 1)
+        ret = f"{summary['episodic_return_mean']:8.1f}" if episodes else "     n/a"
+        print(f"step {global_step:>10d} | update {update + 1}/{setup.num_updates} | sps {record['charts/sps']:7.0f} "
+              f"| return {ret} | policy lag {record['policy_lag/mean']:.2f} (max {record['policy_lag/max']:.0f}) "
+              f"| eta {eta:5.0f}s", flush=True)
 
 
 def main(args: Args) -> dict:
-    """Train; returns the summary written to runs/<run_name>/summary.json (plus final params)."""
+    """Train; returns the summary written to runs/<run_name>/summary.json.
+
+    Raises:
+      ConfigError: before any thread or device work, for a configuration that cannot work.
+      RuntimeError: a thread failed (its traceback is printed first) or stalled.
+    """
     setup = resolve(args)
     actor_devices, learner_devices = setup_devices(args)
     run_dir = Path("runs") / setup.run_name
@@ -937,11 +952,15 @@ def main(args: Args) -> dict:
         raise RuntimeError(f"{name} failed: {error!r}") from error
     elapsed = time.time() - start_time
     summary.update(elapsed_s=elapsed, sps=summary["global_step"] / elapsed, run_dir=str(run_dir))
-    (run_dir / "summary.json").write_text(json.dumps({k: v for k, v in summary.items() if k != "params"}, indent=2))
+    (run_dir / "summary.json").write_text(json.dumps(summary, indent=2))
     print(f"done: {summary['global_step']} env steps in {elapsed:.1f}s ({summary['sps']:.0f} SPS), "
           f"episodic return {summary['episodic_return_mean']}; {run_dir}/summary.json")
     return summary
 
 
 if __name__ == "__main__":
-    main(tyro.cli(Args))
+    try:
+        main(tyro.cli(Args))
+    except ConfigError as error:
+        print(f"error: {error}", file=sys.stderr)
+        sys.exit(2)

@@ -4,6 +4,7 @@ import jax
 import pytest
 
 jax.config.update("jax_num_cpu_devices", 4)
+assert len(jax.devices()) == 4  # start the backend now: later requests cannot add devices
 
 
 @pytest.fixture(autouse=True)

@@ -1,7 +1,14 @@
 """A scripted stand-in with EnvPool's async interface, for situations real EnvPool cannot be
 made to produce on demand (a chosen recv order, an empty batch, scripted rewards)."""
 
+import queue
+import threading
+
+import jax
+import jax.numpy as jnp
 import numpy as np
+
+from sebulba.ppo_envpool import Agent, Args, ParamsSlot, RolloutAssembler, make_policy_fn, run_actor
 
 
 class ScriptedPool:
@@ -51,3 +58,21 @@ class ScriptedPool:
 
     def close(self):
         self.closed = True
+
+
+def drive_actor(pool, batch_size, num_steps, num_rollouts, obs_dim=3, num_actions=3):
+    """Drive the real actor loop (real policy on CPU device 0) over a scripted pool; no learner
+    publishes params here, so the lag bound is lifted."""
+    agent = Agent(num_actions=num_actions, channels=(), hiddens=(8,), atari=False)
+    params = agent.init(jax.random.PRNGKey(0), jnp.zeros((1, obs_dim)))
+    slot = ParamsSlot()
+    slot.publish(0, [params])
+    q = queue.Queue()
+    assembler = RolloutAssembler(pool.num_envs, num_steps, (obs_dim,), np.float32, clip_rewards=False, episodic_life=False)
+    error = None
+    try:
+        run_actor(pool, make_policy_fn(agent), jax.devices()[0], jax.random.PRNGKey(1), slot, q, assembler,
+                  num_rollouts, Args(stall_timeout_s=5, max_policy_lag=1000), batch_size, threading.Event(), "actor")
+    except RuntimeError as e:
+        error = e
+    return [q.get_nowait() for _ in range(q.qsize())], error

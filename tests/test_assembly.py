@@ -1,34 +1,12 @@
 """Rollout assembly per env id, episode accounting and masking (cases K01-K05)."""
 
-import queue
-import threading
-
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from fake_envpool import ScriptedPool
-from sebulba.ppo_envpool import (Agent, Args, ParamsSlot, RolloutAssembler, make_policy_fn, prepare_transitions,
-                                 run_actor)
-
-
-def run_scripted_actor(pool, batch_size, num_steps, num_rollouts):
-    """Drive the real actor loop (real policy on CPU device 0) over a scripted pool; no learner
-    publishes params here, so the lag bound is lifted."""
-    agent = Agent(num_actions=3, channels=(), hiddens=(8,), atari=False)
-    params = agent.init(jax.random.PRNGKey(0), jnp.zeros((1, 3)))
-    slot = ParamsSlot()
-    slot.publish(0, [params])
-    q = queue.Queue()
-    assembler = RolloutAssembler(pool.num_envs, num_steps, (3,), np.float32, clip_rewards=False, episodic_life=False)
-    error = None
-    try:
-        run_actor(pool, make_policy_fn(agent), jax.devices()[0], jax.random.PRNGKey(1), slot, q, assembler,
-                  num_rollouts, Args(stall_timeout_s=5, max_policy_lag=1000), batch_size, threading.Event(), "actor")
-    except RuntimeError as e:
-        error = e
-    return [q.get_nowait() for _ in range(q.qsize())], error
+from fake_envpool import ScriptedPool, drive_actor
+from sebulba.ppo_envpool import RolloutAssembler, normalize_advantages, prepare_transitions
 
 
 def round_robin(num_envs, batch_size, n):
@@ -39,7 +17,7 @@ def round_robin(num_envs, batch_size, n):
 def test_k01_recv_send_alternate_and_an_empty_batch_fails_at_once():
     batches = round_robin(4, 2, 20) + [np.array([], np.int32)]
     pool = ScriptedPool(batches, num_envs=4)
-    rollouts, error = run_scripted_actor(pool, batch_size=2, num_steps=4, num_rollouts=10)
+    rollouts, error = drive_actor(pool, batch_size=2, num_steps=4, num_rollouts=10)
     assert pool.calls == 21  # 20 steps ran without a recv/recv error, then the empty batch
     assert error is not None and "returned 0 envs" in str(error)
     assert len(rollouts) == 2  # 10 rows per env: rollouts need 5, then 4 more rows
@@ -52,7 +30,7 @@ def test_k02_out_of_order_ids_stay_on_their_own_env():
     ids = [[3, 1], [0, 2], [1, 3], [2, 0], [3, 1], [0, 2], [1, 3], [2, 0]]
     steps = {e: [(100.0 * e + k, False, False, 1) for k in range(10)] for e in range(4)}
     pool = ScriptedPool(ids, num_envs=4, steps=steps)
-    rollouts, error = run_scripted_actor(pool, batch_size=2, num_steps=3, num_rollouts=1)
+    rollouts, error = drive_actor(pool, batch_size=2, num_steps=3, num_rollouts=1)
     assert error is None and len(rollouts) == 1
     rollout = rollouts[0][0]
     for e in range(4):
@@ -63,7 +41,7 @@ def test_k02_out_of_order_ids_stay_on_their_own_env():
 
 def test_k02_duplicate_ids_are_an_error():
     pool = ScriptedPool([[1, 1]], num_envs=4)
-    _, error = run_scripted_actor(pool, batch_size=2, num_steps=3, num_rollouts=1)
+    _, error = drive_actor(pool, batch_size=2, num_steps=3, num_rollouts=1)
     assert error is not None and "duplicate env ids" in str(error)
 
 
@@ -108,7 +86,6 @@ def test_k05_auto_reset_step_is_masked_and_done_step_advantage_is_r_minus_v():
     np.testing.assert_array_equal(t.mask[:, 0], [1, 1, 1, 0, 1])
     np.testing.assert_allclose(t.advantages[2, 0], 2.0 - 0.9, atol=1e-6)  # r - V(s), nothing bootstrapped
     # The masked step has no weight in the advantage statistics: moving its advantage changes nothing.
-    from sebulba.ppo_envpool import normalize_advantages
     moved = t.advantages.at[3, 0].set(1e6)
     np.testing.assert_allclose(normalize_advantages(t.advantages, t.mask) * t.mask,
                                normalize_advantages(moved, t.mask) * t.mask, atol=1e-5)
