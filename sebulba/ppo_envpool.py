@@ -727,46 +727,62 @@ def prepare_transitions(rollout: Rollout, gamma: float, gae_lambda: float) -> Mi
 
 
 def make_update_fn(args: Args, agent: Agent, mesh: Mesh):
-    """jit(shard_map(update)): (TrainState, Rollout sharded on env axis, key) -> (TrainState, metrics).
+    """PPO update over the learner mesh: (TrainState, Rollout [T+1, envs] sharded on the env
+    axis, key) -> (TrainState, metrics dict of scalars).
 
-    On each learner device: GAE on its env slice, then update_epochs x num_minibatches
-    optimizer steps, each accumulating gradient_accumulation_steps microbatch gradients,
-    averaged over devices with `lax.pmean`. On XLA:CPU the epoch and minibatch loops are
-    fully unrolled: a conv-net gradient inside a rolled loop runs 10-20x slower there.
+    Three compiled `jit(shard_map(...))` pieces: `prepare` (GAE on each device's env slice),
+    `shuffle` (one permutation per epoch and device), and `step` (one minibatch: the mean of
+    gradient_accumulation_steps microbatch gradients, `lax.pmean` over devices, one Adam
+    step). Python drives update_epochs x num_minibatches steps; dispatch is asynchronous,
+    so the device runs them back to back. Why not one program with `lax.scan` loops: on
+    XLA:CPU that program's conv-net gradients compile to a slow, non-Eigen convolution
+    (10-20x slower, unrolled or not; measured in docs/performance.md), while the
+    one-minibatch program keeps the fast kernels. On GPUs the difference is a few
+    microseconds of dispatch per minibatch.
     """
-    unroll = mesh.devices.flat[0].platform == "cpu"
-    n_mb, n_acc = args.num_minibatches, args.gradient_accumulation_steps
+    n_mb, n_acc, env_axis = args.num_minibatches, args.gradient_accumulation_steps, P(None, "learner")
 
-    def loss_fn(params, mb):
-        return ppo_loss(params, agent.apply, mb, args.clip_coef, args.ent_coef, args.vf_coef, args.norm_adv)
+    def prepare(rollout: Rollout) -> Minibatch:  # per device: [T+1, n] rows -> [T * n] transitions
+        transitions = prepare_transitions(rollout, args.gamma, args.gae_lambda)
+        return jax.tree.map(lambda x: x.reshape((-1,) + x.shape[2:]), transitions)
 
-    def minibatch_step(state: TrainState, mb: Minibatch):
-        def micro_step(grads, micro):
-            (_, metrics), g = jax.value_and_grad(loss_fn, has_aux=True)(state.params, micro)
-            return jax.tree.map(jnp.add, grads, g), metrics
+    def shuffle(data: Minibatch, key) -> Minibatch:  # per device: [T * n] -> [n_mb, T * n / n_mb]
+        key = jax.random.fold_in(key, jax.lax.axis_index("learner"))
+        perm = jax.random.permutation(key, data.actions.shape[0])
+        return jax.tree.map(lambda x: x[perm].reshape((n_mb, -1) + x.shape[1:]), data)
 
-        zeros = jax.tree.map(jnp.zeros_like, state.params)
-        micro = jax.tree.map(lambda x: x.reshape((n_acc, -1) + x.shape[1:]), mb)
-        grads, metrics = jax.lax.scan(micro_step, zeros, micro, unroll=unroll)
+    def step(state: TrainState, shuffled: Minibatch, index):
+        mb = jax.tree.map(lambda x: x[index], shuffled)
+        # Params are replicated (invariant over "learner"); the gradient of an invariant input
+        # would come back already summed over devices. Casting to varying keeps it local, so
+        # the pmean below averages it.
+        params = jax.lax.pcast(state.params, "learner", to="varying")
+        grads, metrics = None, []
+        for micro in range(n_acc):  # unrolled at trace time: no loop around the gradient
+            part = jax.tree.map(lambda x: x.reshape((n_acc, -1) + x.shape[1:])[micro], mb)
+            (_, m), g = jax.value_and_grad(ppo_loss, has_aux=True)(
+                params, agent.apply, part, args.clip_coef, args.ent_coef, args.vf_coef, args.norm_adv)
+            grads = g if grads is None else jax.tree.map(jnp.add, grads, g)
+            metrics.append(m)
         grads = jax.lax.pmean(jax.tree.map(lambda g: g / n_acc, grads), "learner")
+        metrics = jax.tree.map(lambda *m: jax.lax.pmean(jnp.mean(jnp.stack(m)), "learner"), *metrics)
         return state.apply_gradients(grads=grads), metrics
 
+    prepare = jax.jit(jax.shard_map(prepare, mesh=mesh, in_specs=env_axis, out_specs=P("learner")))
+    shuffle = jax.jit(jax.shard_map(shuffle, mesh=mesh, in_specs=(P("learner"), P()), out_specs=env_axis))
+    step = jax.jit(jax.shard_map(step, mesh=mesh, in_specs=(P(), env_axis, P()), out_specs=(P(), P())))
+
     def update(state: TrainState, rollout: Rollout, key):
-        transitions = prepare_transitions(rollout, args.gamma, args.gae_lambda)
-        data = jax.tree.map(lambda x: x.reshape((-1,) + x.shape[2:]), transitions)  # [T * n_local, ...]
-        key = jax.random.fold_in(key, jax.lax.axis_index("learner"))
+        data = prepare(rollout)
+        metrics = []
+        for epoch_key in jax.random.split(key, args.update_epochs):
+            shuffled = shuffle(data, epoch_key)
+            for index in range(n_mb):
+                state, m = step(state, shuffled, np.int32(index))
+                metrics.append(m)
+        return state, jax.tree.map(lambda *m: jnp.mean(jnp.stack(m)), *metrics)
 
-        def epoch(state, epoch_key):
-            perm = jax.random.permutation(epoch_key, data.actions.shape[0])
-            shuffled = jax.tree.map(lambda x: x[perm].reshape((n_mb, -1) + x.shape[1:]), data)
-            return jax.lax.scan(minibatch_step, state, shuffled, unroll=unroll)
-
-        state, metrics = jax.lax.scan(epoch, state, jax.random.split(key, args.update_epochs), unroll=unroll)
-        metrics = jax.tree.map(lambda m: jax.lax.pmean(jnp.mean(m), "learner"), metrics)
-        return state, metrics
-
-    sharded = jax.shard_map(update, mesh=mesh, in_specs=(P(), P(None, "learner"), P()), out_specs=(P(), P()))
-    return jax.jit(sharded)
+    return update
 
 
 # ---------------------------------------------------------------------------

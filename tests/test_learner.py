@@ -93,3 +93,24 @@ def test_update_keeps_params_replicated_and_learns_a_bandit():
     leaf = jax.tree.leaves(state.params)[0]
     assert leaf.sharding.is_fully_replicated and leaf.sharding.device_set == set(devices[1:4])
     assert p1(jax.device_get(state.params)) > before + 0.05
+
+
+def test_gradients_are_averaged_over_learner_devices_not_summed():
+    """Two devices holding the same data must take the same SGD step as one device with it."""
+    devices = jax.devices()
+    args = Args(num_minibatches=1, update_epochs=1, hiddens=(8,))
+    agent = Agent(num_actions=2, channels=(), hiddens=(8,), atari=False)
+    params = agent.init(jax.random.PRNGKey(0), jnp.zeros((1, 3)))
+    rollout = make_rollout(5, 2, 1.0, seed=3)
+    rollout = rollout._replace(values=np.random.default_rng(0).normal(size=rollout.values.shape).astype(np.float32))
+    new_params = []
+    for learners in ([devices[1]], devices[1:3]):
+        placement = Placement([devices[0]], learners)
+        state = jax.device_put(TrainState.create(apply_fn=None, params=params, tx=optax.sgd(0.1)), placement.replicated)
+        per_thread = [rollout] * len(learners)  # each learner device gets an identical copy
+        batch = placement.to_learners([Rollout(*[np.concatenate(f, axis=1) for f in zip(*per_thread)])])
+        state, _ = make_update_fn(args, agent, placement.mesh)(state, batch, jax.random.PRNGKey(0))
+        new_params.append(jax.device_get(state.params))
+    moved = jax.tree.map(lambda a, b: np.abs(a - b).max(), new_params[0], params)
+    assert max(jax.tree.leaves(moved)) > 1e-4
+    jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, atol=1e-6), new_params[0], new_params[1])
