@@ -32,6 +32,7 @@ import json
 import math
 import os
 import queue
+import signal
 import sys
 import threading
 import time
@@ -47,6 +48,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import optax
+import orbax.checkpoint as ocp
 import tyro
 import wandb
 from flax.training.train_state import TrainState
@@ -128,6 +130,8 @@ class Args:
     """bound on policy lag (learner version - version that chose the action); 0 = synchronous"""
     stall_timeout_s: float = 600.0
     """seconds without a rollout or a parameter update before the run fails as stalled"""
+    checkpoint_interval: int = 100
+    """save a checkpoint every this many updates (also at the end and on SIGINT/SIGTERM/SIGUSR1); 0 = only then"""
 
 
 # ---------------------------------------------------------------------------
@@ -179,8 +183,9 @@ def resolve(args: Args) -> Setup:
     for name in ("gamma", "gae_lambda"):
         if not 0 < getattr(args, name) <= 1:
             raise ConfigError(f"--{name.replace('_', '-')}={getattr(args, name)} must be in (0, 1]")
-    if args.max_policy_lag < 0:
-        raise ConfigError(f"--max-policy-lag={args.max_policy_lag} must be >= 0")
+    for name in ("max_policy_lag", "checkpoint_interval"):
+        if getattr(args, name) < 0:
+            raise ConfigError(f"--{name.replace('_', '-')}={getattr(args, name)} must be >= 0")
     if not args.actor_device_ids or not args.learner_device_ids:
         raise ConfigError("--actor-device-ids and --learner-device-ids each need at least one id")
     for flag, ids in (("actor", args.actor_device_ids), ("learner", args.learner_device_ids)):
@@ -454,15 +459,16 @@ class RolloutAssembler:
 
     max_pending = 8  # rollouts one env may run ahead of the slowest before we call it starvation
 
-    def __init__(self, num_envs: int, num_steps: int, obs_shape, obs_dtype, clip_rewards: bool, episodic_life: bool):
+    def __init__(self, num_envs: int, num_steps: int, obs_shape, obs_dtype, clip_rewards: bool, episodic_life: bool,
+                 first_rollout: int = 0):
         self.num_envs, self.num_steps = num_envs, num_steps
         self.obs_shape, self.obs_dtype = tuple(obs_shape), obs_dtype
         self.clip_rewards, self.episodic_life = clip_rewards, episodic_life
-        self.generation = np.zeros(num_envs, np.int64)  # rollout index each env is writing
+        self.generation = np.full(num_envs, first_rollout, np.int64)  # rollout index each env is writing
         self.row = np.zeros(num_envs, np.int64)  # next row in that rollout
         self.buffers: dict[int, Rollout] = {}
         self.rows_done: dict[int, int] = collections.Counter()  # envs that wrote their last row
-        self.emitted = 0
+        self.emitted = first_rollout  # index of the next rollout to complete (= rollouts emitted, on resume too)
         self.game_return = np.zeros(num_envs, np.float64)
         self.game_length = np.zeros(num_envs, np.int64)
         self.prev_done = np.ones(num_envs, bool)  # the first obs after reset carries no reward
@@ -786,16 +792,20 @@ def make_update_fn(args: Args, agent: Agent, mesh: Mesh):
 
 
 # ---------------------------------------------------------------------------
-# Logging: one logger for console, TensorBoard and W&B.
+# Logging and checkpoints.
 
 
 class Logger:
-    def __init__(self, args: Args, setup: Setup, run_dir: Path):
+    """Console-free metric sink: TensorBoard events in the run directory, mirrored to W&B
+    with --track (the same W&B run id is reused on resume). Called from the learner thread."""
+
+    def __init__(self, args: Args, setup: Setup, run_dir: Path, wandb_id: str | None):
         self.writer = SummaryWriter(str(run_dir))
         self.wandb = None
         if args.track:
             self.wandb = wandb.init(project=args.wandb_project_name, entity=args.wandb_entity, name=setup.run_name,
-                                    config=dict(vars(args), **dataclasses.asdict(setup)), dir=str(run_dir))
+                                    id=wandb_id, resume="allow", dir=str(run_dir),
+                                    config=dict(dataclasses.asdict(args), **dataclasses.asdict(setup)))
 
     def log(self, metrics: dict[str, float], step: int):
         for k, v in metrics.items():
@@ -809,38 +819,138 @@ class Logger:
             self.wandb.finish()
 
 
-def _stats(prefix: str, values) -> dict[str, float]:
-    return {f"{prefix}_min": float(np.min(values)), f"{prefix}_mean": float(np.mean(values)),
-            f"{prefix}_max": float(np.max(values))}
+# Flags that may differ between a run and its resumption; every other flag must match.
+RESUMABLE_FLAGS = {"track", "wandb_project_name", "wandb_entity", "log_frequency", "num_env_threads",
+                   "stall_timeout_s", "checkpoint_interval"}
+
+
+def read_resume_meta(directory: Path, args: Args) -> dict | None:
+    """Metadata of the newest checkpoint in `directory`, or None for a new run.
+
+    Raises:
+      ConfigError: the checkpoint is unreadable or was written with other flags.
+    """
+    if not directory.exists():
+        return None
+    manager = ocp.CheckpointManager(directory.absolute(), options=ocp.CheckpointManagerOptions(read_only=True))
+    update = manager.latest_step()
+    if update is None:
+        return None
+    try:
+        meta = manager.restore(update, args=ocp.args.Composite(meta=ocp.args.JsonRestore())).meta
+    except Exception as error:  # noqa: BLE001 - any unreadable checkpoint is the same error to the user
+        raise ConfigError(f"cannot read checkpoint {directory}/{update} ({type(error).__name__}); "
+                          "delete it or use a new --run-name") from error
+    finally:
+        manager.close()
+    saved = meta["args"]
+    differ = [f"--{k.replace('_', '-')} {saved[k]} (now {v})" for k, v in dataclasses.asdict(args).items()
+              if k not in RESUMABLE_FLAGS and k in saved and json.loads(json.dumps(v)) != saved[k]]
+    if differ:
+        raise ConfigError(f"checkpoint {directory}/{update} was written with " + ", ".join(differ) +
+                          "; resume with the same flags or use a new --run-name")
+    return meta
+
+
+class Checkpointer:
+    """orbax checkpoints in runs/<run>/checkpoints/<update>: the TrainState (params, optimizer
+    state, step) and JSON metadata (update and env-step counters, learner PRNG key, recent
+    episodes, W&B run id, the flags). orbax writes to a temporary directory and renames it
+    when complete, so a checkpoint half-written when the process died is never loaded. The
+    newest 3 are kept."""
+
+    def __init__(self, directory: Path):
+        self.manager = ocp.CheckpointManager(directory.absolute(), options=ocp.CheckpointManagerOptions(max_to_keep=3))
+
+    def save(self, update: int, state: TrainState, meta: dict):
+        self.manager.save(update, args=ocp.args.Composite(state=ocp.args.StandardSave(state),
+                                                          meta=ocp.args.JsonSave(meta)), force=True)
+
+    def restore_state(self, update: int, like: TrainState) -> TrainState:
+        abstract = jax.tree.map(ocp.utils.to_shape_dtype_struct, like)
+        return self.manager.restore(update, args=ocp.args.Composite(state=ocp.args.StandardRestore(abstract))).state
+
+    def close(self):
+        self.manager.wait_until_finished()
+        self.manager.close()
 
 
 # ---------------------------------------------------------------------------
-# Learner thread and main.
+# Learner thread, supervisor and main.
 
 
-def run_learner(args: Args, setup: Setup, state: TrainState, update_fn, lr_schedule, placement: Placement,
-                params_slot: ParamsSlot, queues: list[queue.Queue], key, logger: Logger, stop: threading.Event,
-                start_time: float, summary: dict):
-    """Consume one rollout per actor thread (fixed order) per update; publish params after each.
+class AnyEvent:
+    """is_set() when any of the events is set."""
+
+    def __init__(self, *events: threading.Event):
+        self.events = events
+
+    def is_set(self) -> bool:
+        return any(e.is_set() for e in self.events)
+
+
+@dataclass
+class Run:
+    """What the threads of one run share."""
+
+    args: Args
+    setup: Setup
+    run_dir: Path
+    placement: Placement
+    params_slot: ParamsSlot
+    queues: list[queue.Queue]
+    stop: threading.Event  # set when the run ends or fails: every thread returns
+    preempt: threading.Event  # set by SIGINT/SIGTERM/SIGUSR1: the learner checkpoints and the run ends
+    logger: Logger
+    checkpointer: Checkpointer
+    start_update: int
+    wandb_id: str | None
+    summary: dict
+
+
+def run_learner(run: Run, state: TrainState, update_fn, lr_schedule, key, episodes: collections.deque):
+    """Consume one rollout per actor thread (fixed order) per update; publish params after each;
+    checkpoint every --checkpoint-interval updates, at the end, and when preempted.
 
     Logs every --log-frequency updates (means over the window unless the name says min/max);
-    see docs/ppo_envpool.md for every metric.
+    see docs/ppo_envpool.md for every metric. `episodes` holds (raw return, length) of the
+    last 20 finished games.
     """
-    episodes: collections.deque = collections.deque(maxlen=20)  # (raw return, length) of the last games
+    args, setup, placement, queues, logger, summary = run.args, run.setup, run.placement, run.queues, run.logger, run.summary
     window: dict[str, list[float]] = collections.defaultdict(list)
     timer = Timer()
-    cpu_start, wall_start = sum(os.times()[:2]), time.time()
-    for update in range(setup.num_updates):
-        with timer("rollout_queue_get_time_s"):
-            items = [timed_get(q, stop, args.stall_timeout_s, f"learner (from actor thread {i})")
-                     for i, q in enumerate(queues)]
+    start_time = cpu_start_wall = time.time()
+    cpu_start = sum(os.times()[:2])
+    interrupted = AnyEvent(run.stop, run.preempt)
+
+    def checkpoint(updates_done: int):
+        if run.checkpointer.manager.latest_step() == updates_done:
+            return
+        meta = dict(update=updates_done, global_step=updates_done * setup.batch_size, wandb_id=run.wandb_id,
+                    learner_key=np.asarray(jax.random.key_data(key)).tolist(), episodes=list(episodes),
+                    args=dataclasses.asdict(args))
+        run.checkpointer.save(updates_done, state, meta)
+        summary.update(checkpoint=str(run.checkpointer.manager.directory / str(updates_done)))
+
+    summary.update(global_step=run.start_update * setup.batch_size, updates=run.start_update)
+    for update in range(run.start_update, setup.num_updates):
+        if run.preempt.is_set():
+            break
+        try:
+            with timer("rollout_queue_get_time_s"):
+                items = [timed_get(q, interrupted, args.stall_timeout_s, f"learner (from actor thread {i})")
+                         for i, q in enumerate(queues)]
+        except Stopped:
+            if run.preempt.is_set():
+                break
+            raise
         with timer("transfer_time_s"):
             batch = jax.block_until_ready(placement.to_learners([it[0] for it in items]))
         key, update_key = jax.random.split(key)
         with timer("update_time_s"):
             state, metrics = update_fn(state, batch, update_key)
             metrics = jax.device_get(metrics)
-        params_slot.publish(update + 1, placement.to_actors(state.params))
+        run.params_slot.publish(update + 1, placement.to_actors(state.params))
 
         lag = update - np.concatenate([rollout.versions[:-1].ravel() for rollout, *_ in items])
         window["policy_lag/min"].append(lag.min())
@@ -855,6 +965,8 @@ def run_learner(args: Args, setup: Setup, state: TrainState, update_fn, lr_sched
         for k, v in metrics.items():
             window[f"losses/{k}"].append(v)
         global_step = (update + 1) * setup.batch_size
+        if args.checkpoint_interval and (update + 1) % args.checkpoint_interval == 0:
+            checkpoint(update + 1)
         summary.update(global_step=global_step, updates=update + 1,
                        episodic_return_mean=float(np.mean([r for r, _ in episodes])) if episodes else None,
                        episodic_length_mean=float(np.mean([n for _, n in episodes])) if episodes else None)
@@ -862,40 +974,48 @@ def run_learner(args: Args, setup: Setup, state: TrainState, update_fn, lr_sched
             continue
 
         now, cpu_now = time.time(), sum(os.times()[:2])
+        steps_this_session = global_step - run.start_update * setup.batch_size
         record = {k: float(np.mean(v)) for k, v in window.items()}
         record["policy_lag/min"], record["policy_lag/max"] = min(window["policy_lag/min"]), max(window["policy_lag/max"])
         learner_time = record["learner/transfer_time_s"] + record["learner/update_time_s"]
-        record |= {"charts/sps": global_step / (now - start_time),
+        record |= {"charts/sps": steps_this_session / (now - start_time),
                    "charts/actor_sps": record.pop("actor/actor_sps") * setup.num_actor_threads_total,
                    "charts/learner_sps": setup.batch_size / max(learner_time, 1e-9),
                    "charts/learning_rate": float(lr_schedule(state.step)),
                    "charts/updates": update + 1,
                    "charts/rollout_queue_size": float(np.mean([q.qsize() for q in queues])),
-                   "charts/cpu_utilization": (cpu_now - cpu_start) / ((now - wall_start) * (os.cpu_count() or 1))}
+                   "charts/cpu_utilization": (cpu_now - cpu_start) / ((now - cpu_start_wall) * (os.cpu_count() or 1))}
         if episodes:
             record["charts/episodic_return"] = summary["episodic_return_mean"]
             record["charts/episodic_length"] = summary["episodic_length_mean"]
         window.clear()
-        cpu_start, wall_start = cpu_now, now
+        cpu_start, cpu_start_wall = cpu_now, now
         logger.log(record, global_step)
-        eta = (now - start_time) / (update + 1) * (setup.num_updates - update - 1)
+        eta = (now - start_time) / (update + 1 - run.start_update) * (setup.num_updates - update - 1)
         ret = f"{summary['episodic_return_mean']:8.1f}" if episodes else "     n/a"
         print(f"step {global_step:>10d} | update {update + 1}/{setup.num_updates} | sps {record['charts/sps']:7.0f} "
               f"| return {ret} | policy lag {record['policy_lag/mean']:.2f} (max {record['policy_lag/max']:.0f}) "
               f"| eta {eta:5.0f}s", flush=True)
+    checkpoint(summary["updates"])
 
 
 def main(args: Args) -> dict:
-    """Train; returns the summary written to runs/<run_name>/summary.json.
+    """Train, or resume the run named --run-name from its newest checkpoint.
+
+    Returns the summary written to runs/<run_name>/summary.json; `summary["interrupted_by"]`
+    names the signal when SIGINT/SIGTERM/SIGUSR1 stopped the run after a checkpoint.
 
     Raises:
-      ConfigError: before any thread or device work, for a configuration that cannot work.
+      ConfigError: before any thread or device work, for a configuration that cannot work
+        (including an unreadable or mismatched checkpoint).
       RuntimeError: a thread failed (its traceback is printed first) or stalled.
     """
     setup = resolve(args)
-    actor_devices, learner_devices = setup_devices(args)
     run_dir = Path("runs") / setup.run_name
+    meta = read_resume_meta(run_dir / "checkpoints", args)
+    actor_devices, learner_devices = setup_devices(args)
     run_dir.mkdir(parents=True, exist_ok=True)
+    checkpointer = Checkpointer(run_dir / "checkpoints")
     (run_dir / "config.json").write_text(json.dumps({"args": dataclasses.asdict(args), "derived": dataclasses.asdict(setup)}, indent=2))
     print(f"run {setup.run_name}: {len(actor_devices)} actor device(s) x {args.num_actor_threads} thread(s) x "
           f"{args.local_num_envs} envs (recv batch {setup.async_batch_size}), {len(learner_devices)} learner device(s); "
@@ -913,13 +1033,20 @@ def main(args: Args) -> dict:
                                         setup.num_updates * args.update_epochs * args.num_minibatches)
     tx = optax.chain(optax.clip_by_global_norm(args.max_grad_norm), optax.adam(lr_schedule, eps=1e-5))
     state = jax.device_put(TrainState.create(apply_fn=None, params=params, tx=tx), placement.replicated)
+    start_update, wandb_id, episodes = 0, wandb.util.generate_id() if args.track else None, []
+    if meta is not None:
+        start_update, wandb_id, episodes = meta["update"], meta["wandb_id"] or wandb_id, meta["episodes"]
+        state = checkpointer.restore_state(start_update, state)
+        learner_key = jnp.asarray(meta["learner_key"], dtype=jnp.uint32)
+        print(f"resumed from {checkpointer.manager.directory}/{start_update}: update {start_update}, "
+              f"global step {meta['global_step']}")
     update_fn = make_update_fn(args, agent, placement.mesh)
     policy = make_policy_fn(agent)
 
-    stop = threading.Event()
-    params_slot = ParamsSlot()
-    params_slot.publish(0, placement.to_actors(state.params))
-    queues = [queue.Queue(maxsize=1) for _ in range(setup.num_actor_threads_total)]
+    run = Run(args, setup, run_dir, placement, ParamsSlot(), [queue.Queue(maxsize=1) for _ in range(setup.num_actor_threads_total)],
+              threading.Event(), threading.Event(), Logger(args, setup, run_dir, wandb_id), checkpointer, start_update,
+              wandb_id, {})
+    run.params_slot.publish(start_update, placement.to_actors(state.params))
     errors: list[tuple[str, BaseException]] = []
 
     def supervised(name, fn, *fn_args):
@@ -931,52 +1058,87 @@ def main(args: Args) -> dict:
             except BaseException as e:  # noqa: BLE001 - every failure ends the run
                 errors.append((name, e))
                 traceback.print_exc()
-                stop.set()
+                run.stop.set()
         return threading.Thread(target=body, name=name, daemon=True)
 
     def actor(thread_index: int, device):
-        envs = make_envs(args, args.local_num_envs, setup.async_batch_size,
-                         args.seed + thread_index * args.local_num_envs, setup.num_env_threads)
+        # Distinct env seeds per thread, and fresh ones after a resume.
+        seed = args.seed + (thread_index + start_update * setup.num_actor_threads_total) * args.local_num_envs
+        envs = make_envs(args, args.local_num_envs, setup.async_batch_size, seed, setup.num_env_threads)
         assembler = RolloutAssembler(args.local_num_envs, args.num_steps, obs_space.shape, obs_space.dtype,
-                                     clip_rewards=atari, episodic_life=args.episodic_life)
+                                     clip_rewards=atari, episodic_life=args.episodic_life, first_rollout=start_update)
         try:
-            run_actor(envs, policy, device, jax.random.fold_in(actor_root, thread_index), params_slot,
-                      queues[thread_index], assembler, setup.num_updates, args, setup.async_batch_size, stop,
-                      f"actor thread {thread_index}")
+            run_actor(envs, policy, device, jax.random.fold_in(jax.random.fold_in(actor_root, thread_index), start_update),
+                      run.params_slot, run.queues[thread_index], assembler, setup.num_updates, args,
+                      setup.async_batch_size, AnyEvent(run.stop, run.preempt), f"actor thread {thread_index}")
         finally:
             envs.close()
 
-    logger = Logger(args, setup, run_dir)
-    summary: dict[str, Any] = {}
+    received: list[int] = []
+
+    def on_signal(signum, _frame):
+        if received and signum == signal.SIGINT:
+            print("second Ctrl-C: exiting now without a checkpoint", file=sys.stderr, flush=True)
+            os._exit(130)
+        received.append(signum)
+        print(f"{signal.Signals(signum).name}: checkpointing and stopping (Ctrl-C again exits at once)", flush=True)
+        run.preempt.set()
+
+    stop_signals = [signal.SIGINT, signal.SIGTERM, signal.SIGUSR1]
+    previous = {}
+    if threading.current_thread() is threading.main_thread():
+        previous = {s: signal.signal(s, on_signal) for s in stop_signals}
     start_time = time.time()
     threads = [supervised(f"actor-{d.id}-{k}", actor, i, d)
                for i, (d, k) in enumerate((d, k) for d in actor_devices for k in range(args.num_actor_threads))]
-    threads.append(supervised("learner", run_learner, args, setup, state, update_fn, lr_schedule, placement,
-                              params_slot, queues, learner_key, logger, stop, start_time, summary))
+    threads.append(supervised("learner", run_learner, run, state, update_fn, lr_schedule, learner_key,
+                              collections.deque(map(tuple, episodes), maxlen=20)))
     try:
         for t in threads:
             t.start()
-        while threads[-1].is_alive() and not stop.is_set():
+        while threads[-1].is_alive() and not run.stop.is_set():
             threads[-1].join(0.2)
     finally:
-        stop.set()
+        run.stop.set()
         for t in threads:
             t.join(timeout=30)
-        logger.close()
+        for s, handler in previous.items():
+            signal.signal(s, handler)
+        run.logger.close()
+        checkpointer.close()
     if errors:
         name, error = errors[0]
         raise RuntimeError(f"{name} failed: {error!r}") from error
+    summary = run.summary
     elapsed = time.time() - start_time
-    summary.update(elapsed_s=elapsed, sps=summary["global_step"] / elapsed, run_dir=str(run_dir))
+    summary.update(elapsed_s=elapsed, sps=(summary["global_step"] - start_update * setup.batch_size) / elapsed,
+                   run_dir=str(run_dir))
+    if received:
+        summary["interrupted_by"] = signal.Signals(received[0]).name
     (run_dir / "summary.json").write_text(json.dumps(summary, indent=2))
-    print(f"done: {summary['global_step']} env steps in {elapsed:.1f}s ({summary['sps']:.0f} SPS), "
-          f"episodic return {summary['episodic_return_mean']}; {run_dir}/summary.json")
+    status = f"stopped by {summary['interrupted_by']}" if received else "done"
+    print(f"{status}: {summary['global_step']} env steps, {elapsed:.1f}s this session ({summary['sps']:.0f} SPS), "
+          f"episodic return {summary['episodic_return_mean']}; checkpoint {summary.get('checkpoint')}")
     return summary
 
 
-if __name__ == "__main__":
+def cli(argv: list[str] | None = None) -> int:
+    """Command-line entry point; returns the exit code (docs/reliability.md):
+    0 finished, 1 a thread failed or stalled, 2 bad configuration, 128 + signal number when
+    SIGINT (130), SIGTERM (143) or SIGUSR1 (138) stopped the run after a checkpoint."""
+    args = tyro.cli(Args, args=argv)
     try:
-        main(tyro.cli(Args))
+        summary = main(args)
     except ConfigError as error:
         print(f"error: {error}", file=sys.stderr)
-        sys.exit(2)
+        return 2
+    except Exception:  # noqa: BLE001 - the original traceback was printed by its thread
+        traceback.print_exc()
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(1)  # a thread stuck inside a native call (EnvPool, XLA) must not keep the process alive
+    return 128 + getattr(signal, summary["interrupted_by"]) if "interrupted_by" in summary else 0
+
+
+if __name__ == "__main__":
+    sys.exit(cli())

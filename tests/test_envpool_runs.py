@@ -10,8 +10,9 @@ from fake_envpool import drive_actor
 from sebulba.ppo_envpool import Args, main, make_envs
 
 # The documented CartPole preset (README.md, docs/ppo_envpool.md).
-CARTPOLE_PRESET = dict(env_id="CartPole-v1", total_timesteps=500_000, local_num_envs=16, num_steps=64,
-                       num_actor_threads=1, hiddens=(64, 64), clip_coef=0.2, ent_coef=0.0)
+CARTPOLE_PRESET = dict(env_id="CartPole-v1", total_timesteps=100_000, local_num_envs=8, num_steps=32,
+                       num_actor_threads=1, hiddens=(64, 64), num_minibatches=1, update_epochs=20,
+                       learning_rate=1e-3, gamma=0.98, gae_lambda=0.8, clip_coef=0.2, ent_coef=0.0)
 
 
 class ElapsedStepInObs:
@@ -63,7 +64,7 @@ def test_breakout_a0_l123_tiny_run_finishes(capsys):
 
 def test_cartpole_preset_learns():
     summary = main(Args(**CARTPOLE_PRESET, seed=1, run_name="cartpole", log_frequency=50))
-    assert summary["global_step"] <= 500_000
+    assert summary["global_step"] <= 500_000  # the budget; the preset needs 100k
     assert summary["episodic_return_mean"] >= 450
 
 

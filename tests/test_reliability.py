@@ -1,0 +1,133 @@
+"""Supervision, stalls, signals, checkpoints and resume on real CartPole runs (case K09)."""
+
+import json
+import re
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+import sebulba.ppo_envpool as ppo
+
+ROOT = Path(__file__).resolve().parents[1]
+SMALL = ["--env-id", "CartPole-v1", "--local-num-envs", "8", "--num-steps", "16", "--num-actor-threads", "2",
+         "--hiddens", "16", "--update-epochs", "1", "--log-frequency", "5"]
+
+# Patches applied inside the child process before the CLI runs.
+ACTOR_FAULT = """
+real = ppo.make_envs
+class Faulty:
+    def __init__(self, pool): self.pool, self.calls = pool, 0
+    def recv(self):
+        self.calls += 1
+        if self.calls == 40:  # inside the thread's 2nd rollout (the 1st needs 34 recvs)
+            raise RuntimeError("injected EnvPool fault")
+        return self.pool.recv()
+    def __getattr__(self, name): return getattr(self.pool, name)
+ppo.make_envs = lambda *a, **k: Faulty(real(*a, **k))
+"""
+LEARNER_FAULT = """
+real = ppo.make_update_fn
+def patched(*a, **k):
+    update, calls = real(*a, **k), []
+    def faulty(*args):
+        calls.append(1)
+        if len(calls) == 2:
+            raise RuntimeError("injected learner fault")
+        return update(*args)
+    return faulty
+ppo.make_update_fn = patched
+"""
+LEARNER_STALL = LEARNER_FAULT.replace('raise RuntimeError("injected learner fault")', "time.sleep(3600)")
+
+
+def run_cli(flags, patch="", timeout=180):
+    code = f"import sys, time\nimport sebulba.ppo_envpool as ppo\n{patch}\nsys.exit(ppo.cli(sys.argv[1:]))"
+    start = time.monotonic()
+    out = subprocess.run([sys.executable, "-c", code, *flags], capture_output=True, text=True, timeout=timeout,
+                         env={**os.environ, "PYTHONPATH": str(ROOT)})
+    return out, time.monotonic() - start
+
+
+@pytest.mark.parametrize("patch, message", [(ACTOR_FAULT, "injected EnvPool fault"),
+                                            (LEARNER_FAULT, "injected learner fault")])
+def test_k09_a_failing_thread_ends_the_run_with_its_traceback(patch, message):
+    out, seconds = run_cli(SMALL + ["--total-timesteps", "100000", "--run-name", "fault"], patch)
+    assert out.returncode == 1, out.stderr[-2000:]
+    assert "Traceback" in out.stderr and f"RuntimeError: {message}" in out.stderr
+    assert seconds < 60  # start-up and compilation included; the failure itself ends the run within seconds
+
+
+def test_a_stalled_learner_is_named_not_waited_for():
+    out, seconds = run_cli(SMALL + ["--total-timesteps", "100000", "--stall-timeout-s", "3", "--run-name", "stall"],
+                           LEARNER_STALL)
+    assert out.returncode == 1
+    # Whichever wait the actors hit first (queue full, or params too old) names the learner.
+    assert re.search(r"StallError: actor thread \d .*the learner (stalled|stopped consuming)", out.stderr)
+    assert seconds < 60
+
+
+def test_k09_a_normal_run_joins_every_thread_and_closes_every_pool(monkeypatch):
+    pools = []
+    real = ppo.make_envs
+    monkeypatch.setattr(ppo, "make_envs", lambda *a, **k: pools.append(real(*a, **k)) or pools[-1])
+    summary = ppo.main(ppo.Args(env_id="CartPole-v1", local_num_envs=8, num_steps=16, hiddens=(16,),
+                                total_timesteps=8 * 16 * 2 * 3, run_name="clean"))
+    assert summary["updates"] == 3 and "interrupted_by" not in summary
+    assert len(pools) == 2 and all(p.closed for p in pools)
+    alive = [t.name for t in threading.enumerate() if t.name.startswith(("actor-", "learner"))]
+    assert alive == []
+
+
+def start_run(flags):
+    code = "import sys\nimport sebulba.ppo_envpool as ppo\nsys.exit(ppo.cli(sys.argv[1:]))"
+    return subprocess.Popen([sys.executable, "-c", code, *flags], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                            text=True, env={**os.environ, "PYTHONPATH": str(ROOT), "PYTHONUNBUFFERED": "1"})
+
+
+@pytest.mark.parametrize("sig, code", [(signal.SIGTERM, 143), (signal.SIGINT, 130)])
+def test_a_stop_signal_checkpoints_and_the_same_command_resumes(sig, code):
+    total = 8 * 16 * 2 * 200
+    flags = SMALL + ["--total-timesteps", str(total), "--checkpoint-interval", "1000", "--run-name", "preempted"]
+    proc = start_run(flags)
+    lines = []
+    for line in proc.stdout:  # wait until training is under way
+        lines.append(line)
+        if line.startswith("step ") and "update 10/" in line:
+            break
+    proc.send_signal(sig)
+    rest, _ = proc.communicate(timeout=60)
+    assert proc.returncode == code, "".join(lines) + rest
+    assert f"{sig.name}: checkpointing and stopping" in rest
+    stopped = json.loads(Path("runs/preempted/summary.json").read_text())
+    assert stopped["interrupted_by"] == sig.name and 10 <= stopped["updates"] < 200
+    assert (Path("runs/preempted/checkpoints") / str(stopped["updates"])).is_dir()
+
+    out, _ = run_cli(flags)
+    assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-2000:]
+    assert f"resumed from" in out.stdout and f"update {stopped['updates']}," in out.stdout
+    done = json.loads(Path("runs/preempted/summary.json").read_text())
+    assert done["global_step"] == total and done["updates"] == 200 and "interrupted_by" not in done
+    # The resumed run continued counters: its first console line is past the stop point.
+    first = next(line for line in out.stdout.splitlines() if line.startswith("step "))
+    assert int(first.split("|")[1].split()[1].split("/")[0]) > stopped["updates"]
+
+
+def test_resume_refuses_a_mismatched_or_unreadable_checkpoint():
+    flags = SMALL + ["--total-timesteps", str(8 * 16 * 2 * 2), "--run-name", "ckpt"]
+    out, _ = run_cli(flags)
+    assert out.returncode == 0, out.stderr[-2000:]
+    out, _ = run_cli([*flags[:flags.index("--num-steps")], "--num-steps", "32", *flags[flags.index("--num-steps") + 2:]])
+    assert out.returncode == 2
+    assert out.stderr.strip().splitlines()[-1].startswith("error: checkpoint ")
+    assert "--num-steps 16 (now 32)" in out.stderr
+    for f in Path("runs/ckpt/checkpoints/2").rglob("*"):
+        if f.is_file():
+            f.write_bytes(b"garbage")
+    out, _ = run_cli(flags)
+    assert out.returncode == 2 and "error: cannot read checkpoint" in out.stderr
