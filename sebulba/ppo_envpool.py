@@ -37,6 +37,7 @@ import sys
 import threading
 import time
 import traceback
+import uuid
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, NamedTuple
@@ -1033,7 +1034,7 @@ def main(args: Args) -> dict:
                                         setup.num_updates * args.update_epochs * args.num_minibatches)
     tx = optax.chain(optax.clip_by_global_norm(args.max_grad_norm), optax.adam(lr_schedule, eps=1e-5))
     state = jax.device_put(TrainState.create(apply_fn=None, params=params, tx=tx), placement.replicated)
-    start_update, wandb_id, episodes = 0, wandb.util.generate_id() if args.track else None, []
+    start_update, wandb_id, episodes = 0, uuid.uuid4().hex[:12] if args.track else None, []
     if meta is not None:
         start_update, wandb_id, episodes = meta["update"], meta["wandb_id"] or wandb_id, meta["episodes"]
         state = checkpointer.restore_state(start_update, state)

@@ -81,4 +81,8 @@ def test_metrics_reach_tensorboard_and_offline_wandb():
                 "charts/cpu_utilization", "charts/rollout_queue_size"}
     assert expected <= tags, expected - tags
     assert [e.step for e in events.Scalars("charts/sps")] == [512, 1024]
-    assert list(Path("runs/tracked").glob("wandb/offline-run-*"))
+    (offline_run,) = Path("runs/tracked").glob("wandb/offline-run-*")
+    # Resuming the same run name appends to the same W&B run id.
+    wandb_id = offline_run.name.rsplit("-", 1)[1]
+    meta_id = json.loads(next(Path("runs/tracked/checkpoints").rglob("metadata")).read_text()).get("wandb_id")
+    assert meta_id == wandb_id
