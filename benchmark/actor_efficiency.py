@@ -98,7 +98,7 @@ def breakout_e2e_sps(learners: list[int]) -> float:
         try:
             summary = main(Args(env_id="Breakout-v5", actor_device_ids=[0], learner_device_ids=learners,
                                 num_actor_threads=1, local_num_envs=12, async_batch_size=6, num_steps=32,
-                                num_minibatches=4, update_epochs=4, total_timesteps=12 * 32 * 6,
+                                num_minibatches=4, update_epochs=4, total_timesteps=12 * 32 * 3,
                                 log_frequency=1000, run_name="bench"))
         finally:
             os.chdir(cwd)
