@@ -66,7 +66,7 @@ def actor_sps(seconds: float) -> float:
     device = jax.devices()[0]
     params = jax.device_put(agent.init(jax.random.PRNGKey(0), jnp.zeros((1, 4))), device)
     slot = ParamsSlot()
-    slot.publish(0, [params])
+    slot.publish(0, {device: params})
     rollouts: queue.Queue = queue.Queue()
     stop = threading.Event()
     assembler = RolloutAssembler(POOL["num_envs"], args.num_steps, (4,), np.float32, False, False)

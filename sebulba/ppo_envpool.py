@@ -9,15 +9,15 @@ assemble rollouts per env id; an SPMD learner (`jax.jit(jax.shard_map(...))` ove
     +-------------------------------+  rollout   +-----------------------------------+
     | envpool async (num_envs N,    |  queue     | gather one rollout per thread     |
     |   batch B <= N)               | (bounded)  | device_put, env axis split over L |
-    | recv -> policy -> send(id)    |----------->| jit(shard_map(update)): GAE, PPO  |
-    | per-env trajectory buffers    |            |   epochs x minibatches, pmean     |
+    | recv -> policy -> send(id)    |----------->| jit(shard_map(...)): GAE, then    |
+    | per-env trajectory buffers    |            |   epochs x minibatch steps, pmean |
     | newest params <---------------+------------| publish (version, params)         |
     +-------------------------------+   params   +-----------------------------------+
 
 Usage (on a CPU-only machine missing devices become virtual CPU devices):
 
     python sebulba/ppo_envpool.py --actor-device-ids 0 --learner-device-ids 1 2 3
-    python sebulba/ppo_envpool.py --env-id CartPole-v1 --total-timesteps 500000 ...
+    python sebulba/ppo_envpool.py --env-id CartPole-v1 --total-timesteps 100000 ...  # preset: README
 
 See docs/ppo_envpool.md for the flags, the logged metrics and the presets.
 """
@@ -29,7 +29,6 @@ import contextlib
 import dataclasses
 import difflib
 import json
-import math
 import os
 import queue
 import signal
@@ -40,7 +39,7 @@ import traceback
 import uuid
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, NamedTuple
+from typing import Any, NamedTuple
 
 import chex
 import envpool
@@ -564,20 +563,20 @@ class StallError(RuntimeError):
 
 
 class ParamsSlot:
-    """Newest (version, params per actor device), published by the learner."""
+    """Newest (version, {actor device: params}), published by the learner."""
 
     def __init__(self):
         self._cond = threading.Condition()
         self.version = -1
-        self.params: list[Any] = []
+        self.params: dict[jax.Device, Any] = {}
 
-    def publish(self, version: int, params: list[Any]):
+    def publish(self, version: int, params: dict[jax.Device, Any]):
         with self._cond:
             self.version, self.params = version, params
             self._cond.notify_all()
 
     def wait(self, min_version: int, stop: threading.Event, timeout_s: float, who: str):
-        """Newest (version, params) once version >= min_version; never blocks when it already is."""
+        """Newest (version, {device: params}) once version >= min_version; never blocks when it already is."""
         deadline = time.monotonic() + timeout_s
         with self._cond:
             while self.version < min_version:
@@ -671,7 +670,7 @@ def run_actor(envs, policy, device: jax.Device, key, params_slot: ParamsSlot, ro
         with timer("params_wait_time_s"):
             version, params = params_slot.wait(needed, stop, args.stall_timeout_s, name)
         with timer("inference_time_s"):
-            action, logprob, value, key = policy(params[0], obs, key)
+            action, logprob, value, key = policy(params[device], obs, key)
             action, logprob, value = np.asarray(action), np.asarray(logprob), np.asarray(value)
         with timer("env_send_time_s"):
             envs.send(action, env_id)
@@ -700,9 +699,9 @@ class Placement:
         self.replicated = NamedSharding(self.mesh, P())
         self.env_sharded = NamedSharding(self.mesh, P(None, "learner"))  # [T, envs, ...]: env axis split
 
-    def to_actors(self, params) -> list[Any]:
-        """One copy of `params` on each actor device (list in actor_devices order)."""
-        return [jax.device_put(params, d) for d in self.actor_devices]
+    def to_actors(self, params) -> dict[jax.Device, Any]:
+        """One copy of `params` on each actor device."""
+        return {d: jax.device_put(params, d) for d in self.actor_devices}
 
     def to_learners(self, rollouts: list[Rollout]) -> Rollout:
         """Concatenate per-thread host rollouts [T+1, N] into one [T+1, K*N] batch on the mesh,
@@ -743,7 +742,7 @@ def make_update_fn(args: Args, agent: Agent, mesh: Mesh):
     step). Python drives update_epochs x num_minibatches steps; dispatch is asynchronous,
     so the device runs them back to back. Why not one program with `lax.scan` loops: on
     XLA:CPU that program's conv-net gradients compile to a slow, non-Eigen convolution
-    (10-20x slower, unrolled or not; measured in docs/performance.md), while the
+    (15-40x slower, unrolled or not; measured in docs/performance.md), while the
     one-minibatch program keeps the fast kernels. On GPUs the difference is a few
     microseconds of dispatch per minibatch.
     """

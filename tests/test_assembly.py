@@ -3,7 +3,6 @@
 import jax
 import jax.numpy as jnp
 import numpy as np
-import pytest
 
 from fake_envpool import ScriptedPool, drive_actor
 from sebulba.ppo_envpool import RolloutAssembler, normalize_advantages, prepare_transitions

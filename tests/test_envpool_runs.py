@@ -69,8 +69,9 @@ def test_cartpole_preset_learns():
 
 
 def test_metrics_reach_tensorboard_and_offline_wandb():
-    main(Args(env_id="CartPole-v1", local_num_envs=8, num_steps=16, num_actor_threads=2, total_timesteps=8 * 16 * 2 * 4,
-              log_frequency=2, track=True, run_name="tracked"))
+    # Two actor devices with two threads each (a0,1-l2,3): four pools feed every update.
+    main(Args(env_id="CartPole-v1", local_num_envs=8, num_steps=16, num_actor_threads=2, total_timesteps=8 * 16 * 4 * 4,
+              actor_device_ids=[0, 1], learner_device_ids=[2, 3], log_frequency=2, track=True, run_name="tracked"))
     events = EventAccumulator("runs/tracked").Reload()
     tags = set(events.Tags()["scalars"])
     expected = {"charts/sps", "charts/actor_sps", "charts/learner_sps", "charts/learning_rate", "losses/policy_loss",
@@ -80,7 +81,7 @@ def test_metrics_reach_tensorboard_and_offline_wandb():
                 "actor/env_send_time_s", "actor/rollout_assembly_time_s", "actor/params_wait_time_s",
                 "charts/cpu_utilization", "charts/rollout_queue_size"}
     assert expected <= tags, expected - tags
-    assert [e.step for e in events.Scalars("charts/sps")] == [512, 1024]
+    assert [e.step for e in events.Scalars("charts/sps")] == [1024, 2048]
     (offline_run,) = Path("runs/tracked").glob("wandb/offline-run-*")
     # Resuming the same run name appends to the same W&B run id.
     wandb_id = offline_run.name.rsplit("-", 1)[1]

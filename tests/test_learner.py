@@ -55,8 +55,9 @@ def test_k11_arrays_live_where_the_layout_says():
     assert len(devices) == 4
     placement = Placement([devices[0]], devices[1:3])
     params = {"w": jnp.ones((3, 2))}
-    (actor_params,) = placement.to_actors(params)
-    assert actor_params["w"].devices() == {devices[0]}
+    assert placement.to_actors(params)[devices[0]]["w"].devices() == {devices[0]}
+    two_actor_devices = Placement(devices[:2], devices[2:4]).to_actors(params)
+    assert {d: p["w"].devices() for d, p in two_actor_devices.items()} == {d: {d} for d in devices[:2]}
     batch = placement.to_learners([make_rollout(4, 6, 1.0)])
     for field in batch:
         shards = sorted(field.addressable_shards, key=lambda s: s.device.id)

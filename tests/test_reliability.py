@@ -110,7 +110,7 @@ def test_a_stop_signal_checkpoints_and_the_same_command_resumes(sig, code):
 
     out, _ = run_cli(flags)
     assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-2000:]
-    assert f"resumed from" in out.stdout and f"update {stopped['updates']}," in out.stdout
+    assert "resumed from" in out.stdout and f"update {stopped['updates']}," in out.stdout
     done = json.loads(Path("runs/preempted/summary.json").read_text())
     assert done["global_step"] == total and done["updates"] == 200 and "interrupted_by" not in done
     # The resumed run continued counters: its first console line is past the stop point.
