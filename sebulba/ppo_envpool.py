@@ -932,7 +932,12 @@ def run_learner(run: Run, state: TrainState, update_fn, lr_schedule, key, episod
         run.checkpointer.save(updates_done, state, meta)
         summary.update(checkpoint=str(run.checkpointer.manager.directory / str(updates_done)))
 
-    summary.update(global_step=run.start_update * setup.batch_size, updates=run.start_update)
+    def record(updates_done: int):
+        summary.update(global_step=updates_done * setup.batch_size, updates=updates_done,
+                       episodic_return_mean=float(np.mean([r for r, _ in episodes])) if episodes else None,
+                       episodic_length_mean=float(np.mean([n for _, n in episodes])) if episodes else None)
+
+    record(run.start_update)
     for update in range(run.start_update, setup.num_updates):
         if run.preempt.is_set():
             break
@@ -967,9 +972,7 @@ def run_learner(run: Run, state: TrainState, update_fn, lr_schedule, key, episod
         global_step = (update + 1) * setup.batch_size
         if args.checkpoint_interval and (update + 1) % args.checkpoint_interval == 0:
             checkpoint(update + 1)
-        summary.update(global_step=global_step, updates=update + 1,
-                       episodic_return_mean=float(np.mean([r for r, _ in episodes])) if episodes else None,
-                       episodic_length_mean=float(np.mean([n for _, n in episodes])) if episodes else None)
+        record(update + 1)
         if (update + 1) % args.log_frequency and update + 1 < setup.num_updates:
             continue
 

@@ -126,6 +126,8 @@ def test_resume_refuses_a_mismatched_or_unreadable_checkpoint():
     assert out.returncode == 2
     assert out.stderr.strip().splitlines()[-1].startswith("error: checkpoint ")
     assert "--num-steps 16 (now 32)" in out.stderr
+    out, _ = run_cli(flags)  # resuming a finished run trains nothing more and exits 0
+    assert out.returncode == 0 and "resumed from" in out.stdout and "done: 512 env steps" in out.stdout
     for f in Path("runs/ckpt/checkpoints/2").rglob("*"):
         if f.is_file():
             f.write_bytes(b"garbage")
