@@ -562,6 +562,10 @@ class StallError(RuntimeError):
     """No progress for --stall-timeout-s; the message names the waiting component."""
 
 
+class RunFailed(RuntimeError):
+    """A thread failed or stalled; its traceback was printed when it happened."""
+
+
 class ParamsSlot:
     """Newest (version, {actor device: params}), published by the learner."""
 
@@ -932,12 +936,12 @@ def run_learner(run: Run, state: TrainState, update_fn, lr_schedule, key, episod
         run.checkpointer.save(updates_done, state, meta)
         summary.update(checkpoint=str(run.checkpointer.manager.directory / str(updates_done)))
 
-    def record(updates_done: int):
+    def update_summary(updates_done: int):
         summary.update(global_step=updates_done * setup.batch_size, updates=updates_done,
                        episodic_return_mean=float(np.mean([r for r, _ in episodes])) if episodes else None,
                        episodic_length_mean=float(np.mean([n for _, n in episodes])) if episodes else None)
 
-    record(run.start_update)
+    update_summary(run.start_update)
     for update in range(run.start_update, setup.num_updates):
         if run.preempt.is_set():
             break
@@ -972,7 +976,7 @@ def run_learner(run: Run, state: TrainState, update_fn, lr_schedule, key, episod
         global_step = (update + 1) * setup.batch_size
         if args.checkpoint_interval and (update + 1) % args.checkpoint_interval == 0:
             checkpoint(update + 1)
-        record(update + 1)
+        update_summary(update + 1)
         if (update + 1) % args.log_frequency and update + 1 < setup.num_updates:
             continue
 
@@ -1011,7 +1015,7 @@ def main(args: Args) -> dict:
     Raises:
       ConfigError: before any thread or device work, for a configuration that cannot work
         (including an unreadable or mismatched checkpoint).
-      RuntimeError: a thread failed (its traceback is printed first) or stalled.
+      RunFailed: a thread failed (its traceback is printed first) or stalled.
     """
     setup = resolve(args)
     run_dir = Path("runs") / setup.run_name
@@ -1111,7 +1115,7 @@ def main(args: Args) -> dict:
         checkpointer.close()
     if errors:
         name, error = errors[0]
-        raise RuntimeError(f"{name} failed: {error!r}") from error
+        raise RunFailed(f"{name} failed: {error!r}") from error
     summary = run.summary
     elapsed = time.time() - start_time
     summary.update(elapsed_s=elapsed, sps=(summary["global_step"] - start_update * setup.batch_size) / elapsed,
@@ -1135,10 +1139,9 @@ def cli(argv: list[str] | None = None) -> int:
     except ConfigError as error:
         print(f"error: {error}", file=sys.stderr)
         return 2
-    except Exception:  # noqa: BLE001 - the original traceback was printed by its thread
-        traceback.print_exc()
+    except RunFailed as error:  # the original traceback was printed by its thread
+        print(f"error: {error}", file=sys.stderr, flush=True)
         sys.stdout.flush()
-        sys.stderr.flush()
         os._exit(1)  # a thread stuck inside a native call (EnvPool, XLA) must not keep the process alive
     return 128 + getattr(signal, summary["interrupted_by"]) if "interrupted_by" in summary else 0
 

@@ -29,7 +29,11 @@ class Faulty:
             raise RuntimeError("injected EnvPool fault")
         return self.pool.recv()
     def __getattr__(self, name): return getattr(self.pool, name)
-ppo.make_envs = lambda *a, **k: Faulty(real(*a, **k))
+made = []
+def patched(*a, **k):  # only the first actor thread's pool fails
+    made.append(1)
+    return Faulty(real(*a, **k)) if len(made) == 1 else real(*a, **k)
+ppo.make_envs = patched
 """
 LEARNER_FAULT = """
 real = ppo.make_update_fn
@@ -60,6 +64,8 @@ def test_k09_a_failing_thread_ends_the_run_with_its_traceback(patch, message):
     out, seconds = run_cli(SMALL + ["--total-timesteps", "100000", "--run-name", "fault"], patch)
     assert out.returncode == 1, out.stderr[-2000:]
     assert "Traceback" in out.stderr and f"RuntimeError: {message}" in out.stderr
+    assert out.stderr.count("Traceback") == 1  # the original, once
+    assert out.stderr.strip().splitlines()[-1].startswith("error: ")
     assert seconds < 60  # start-up and compilation included; the failure itself ends the run within seconds
 
 
