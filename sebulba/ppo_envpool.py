@@ -37,6 +37,7 @@ import threading
 import time
 import traceback
 import uuid
+import warnings
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, NamedTuple
@@ -83,7 +84,7 @@ class Args:
     local_num_envs: int = 64
     """envs in each actor thread's EnvPool pool"""
     async_batch_size: int | None = None
-    """envs returned by each `recv`; smaller than --local-num-envs so stepping and inference overlap (default: half the pool)"""
+    """envs returned by each `recv`; smaller than --local-num-envs so stepping and inference overlap; None = half the pool"""
     num_env_threads: int = 0
     """EnvPool worker threads per pool; 0 = this machine's cores divided over the actor threads"""
     episodic_life: bool = False
@@ -221,7 +222,7 @@ def resolve(args: Args) -> Setup:
                           f"= num_steps x envs); use at least {batch_size}")
     cores = os.cpu_count() or 1
     return Setup(
-        run_name=args.run_name or f"{args.env_id}__{args.exp_name}__{args.seed}__{int(time.time())}",
+        run_name=args.run_name or f"{args.env_id.replace('/', '_')}__{args.exp_name}__{args.seed}__{int(time.time())}",
         async_batch_size=async_batch,
         num_env_threads=args.num_env_threads or max(1, cores // num_threads),
         num_actor_threads_total=num_threads,
@@ -825,7 +826,7 @@ class Logger:
 
 # Flags that may differ between a run and its resumption; every other flag must match.
 RESUMABLE_FLAGS = {"track", "wandb_project_name", "wandb_entity", "log_frequency", "num_env_threads",
-                   "stall_timeout_s", "checkpoint_interval"}
+                   "stall_timeout_s", "checkpoint_interval", "total_timesteps"}
 
 
 def read_resume_meta(directory: Path, args: Args) -> dict | None:
@@ -836,7 +837,7 @@ def read_resume_meta(directory: Path, args: Args) -> dict | None:
     """
     if not directory.exists():
         return None
-    manager = ocp.CheckpointManager(directory.absolute(), options=ocp.CheckpointManagerOptions(read_only=True))
+    manager = ocp.CheckpointManager(directory.absolute(), options=ocp.CheckpointManagerOptions(create=False))
     update = manager.latest_step()
     if update is None:
         return None
@@ -848,8 +849,9 @@ def read_resume_meta(directory: Path, args: Args) -> dict | None:
     finally:
         manager.close()
     saved = meta["args"]
-    differ = [f"--{k.replace('_', '-')} {saved[k]} (now {v})" for k, v in dataclasses.asdict(args).items()
-              if k not in RESUMABLE_FLAGS and k in saved and json.loads(json.dumps(v)) != saved[k]]
+    now = json.loads(json.dumps(dataclasses.asdict(args)))
+    differ = [f"--{k.replace('_', '-')} {saved[k]} (now {v})" for k, v in now.items()
+              if k not in RESUMABLE_FLAGS and k in saved and v != saved[k]]
     if differ:
         raise ConfigError(f"checkpoint {directory}/{update} was written with " + ", ".join(differ) +
                           "; resume with the same flags or use a new --run-name")
@@ -1020,6 +1022,11 @@ def main(args: Args) -> dict:
     setup = resolve(args)
     run_dir = Path("runs") / setup.run_name
     meta = read_resume_meta(run_dir / "checkpoints", args)
+    if meta is not None and meta["update"] >= setup.num_updates:
+        print(f"{run_dir} already finished at update {meta['update']} (global step {meta['global_step']}); "
+              "raise --total-timesteps to train it further")
+        summary_file = run_dir / "summary.json"
+        return json.loads(summary_file.read_text()) if summary_file.exists() else {"global_step": meta["global_step"]}
     actor_devices, learner_devices = setup_devices(args)
     run_dir.mkdir(parents=True, exist_ok=True)
     checkpointer = Checkpointer(run_dir / "checkpoints")
@@ -1081,14 +1088,19 @@ def main(args: Args) -> dict:
         finally:
             envs.close()
 
-    received: list[int] = []
+    received: list[tuple[int, float]] = []  # (signal, time)
 
     def on_signal(signum, _frame):
-        if received and signum == signal.SIGINT:
+        # A second SIGINT exits at once; one within a second of the first is the same Ctrl-C
+        # delivered twice (to the process and to its group, as `timeout -s INT` does).
+        if received and signum == signal.SIGINT and time.monotonic() - received[0][1] > 1.0:
             print("second Ctrl-C: exiting now without a checkpoint", file=sys.stderr, flush=True)
             os._exit(130)
-        received.append(signum)
-        print(f"{signal.Signals(signum).name}: checkpointing and stopping (Ctrl-C again exits at once)", flush=True)
+        if received:
+            return
+        received.append((signum, time.monotonic()))
+        hint = " (Ctrl-C again exits at once)" if signum == signal.SIGINT else ""
+        print(f"{signal.Signals(signum).name}: checkpointing and stopping{hint}", flush=True)
         run.preempt.set()
 
     stop_signals = [signal.SIGINT, signal.SIGTERM, signal.SIGUSR1]
@@ -1121,11 +1133,13 @@ def main(args: Args) -> dict:
     summary.update(elapsed_s=elapsed, sps=(summary["global_step"] - start_update * setup.batch_size) / elapsed,
                    run_dir=str(run_dir))
     if received:
-        summary["interrupted_by"] = signal.Signals(received[0]).name
+        summary["interrupted_by"] = signal.Signals(received[0][0]).name
     (run_dir / "summary.json").write_text(json.dumps(summary, indent=2))
     status = f"stopped by {summary['interrupted_by']}" if received else "done"
+    ret = summary["episodic_return_mean"]
     print(f"{status}: {summary['global_step']} env steps, {elapsed:.1f}s this session ({summary['sps']:.0f} SPS), "
-          f"episodic return {summary['episodic_return_mean']}; checkpoint {summary.get('checkpoint')}")
+          f"episodic return {'n/a (no game finished)' if ret is None else f'{ret:.1f}'}; "
+          f"checkpoint {summary.get('checkpoint')}")
     return summary
 
 
@@ -1134,6 +1148,8 @@ def cli(argv: list[str] | None = None) -> int:
     0 finished, 1 a thread failed or stalled, 2 bad configuration, 128 + signal number when
     SIGINT (130), SIGTERM (143) or SIGUSR1 (138) stopped the run after a checkpoint."""
     args = tyro.cli(Args, args=argv)
+    # EnvPool's specs build gymnasium Boxes from float64 bounds; the cast warning is noise.
+    warnings.filterwarnings("ignore", message=".*precision lowered by casting to float32", category=UserWarning)
     try:
         summary = main(args)
     except ConfigError as error:

@@ -132,9 +132,17 @@ def test_resume_refuses_a_mismatched_or_unreadable_checkpoint():
     assert out.returncode == 2
     assert out.stderr.strip().splitlines()[-1].startswith("error: checkpoint ")
     assert "--num-steps 16 (now 32)" in out.stderr
-    out, _ = run_cli(flags)  # resuming a finished run trains nothing more and exits 0
-    assert out.returncode == 0 and "resumed from" in out.stdout and "done: 512 env steps" in out.stdout
-    for f in Path("runs/ckpt/checkpoints/2").rglob("*"):
+    assert out.stderr.strip().count("\n") == 0  # one line, nothing else
+    summary = Path("runs/ckpt/summary.json").read_text()
+    out, _ = run_cli(flags)  # rerunning a finished run trains nothing, leaves it as it was, exits 0
+    assert out.returncode == 0 and "already finished at update 2" in out.stdout
+    assert Path("runs/ckpt/summary.json").read_text() == summary
+    longer = [*flags[:flags.index("--total-timesteps")], "--total-timesteps", str(8 * 16 * 2 * 3),
+              *flags[flags.index("--total-timesteps") + 2:]]
+    out, _ = run_cli(longer)  # a larger --total-timesteps trains the same run further
+    assert out.returncode == 0 and "resumed from" in out.stdout and "done: 768 env steps" in out.stdout
+    flags = longer
+    for f in Path("runs/ckpt/checkpoints/3").rglob("*"):
         if f.is_file():
             f.write_bytes(b"garbage")
     out, _ = run_cli(flags)
