@@ -901,7 +901,6 @@ class Run:
 
     args: Args
     setup: Setup
-    run_dir: Path
     placement: Placement
     params_slot: ParamsSlot
     queues: list[queue.Queue]
@@ -1057,7 +1056,7 @@ def main(args: Args) -> dict:
     update_fn = make_update_fn(args, agent, placement.mesh)
     policy = make_policy_fn(agent)
 
-    run = Run(args, setup, run_dir, placement, ParamsSlot(), [queue.Queue(maxsize=1) for _ in range(setup.num_actor_threads_total)],
+    run = Run(args, setup, placement, ParamsSlot(), [queue.Queue(maxsize=1) for _ in range(setup.num_actor_threads_total)],
               threading.Event(), threading.Event(), Logger(args, setup, run_dir, wandb_id), checkpointer, start_update,
               wandb_id, {})
     run.params_slot.publish(start_update, placement.to_actors(state.params))
