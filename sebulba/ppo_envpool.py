@@ -28,6 +28,8 @@ import collections
 import contextlib
 import dataclasses
 import difflib
+import hashlib
+import itertools
 import json
 import os
 import queue
@@ -133,6 +135,9 @@ class Args:
     """seconds without a rollout or a parameter update before the run fails as stalled"""
     checkpoint_interval: int = 100
     """save a checkpoint every this many updates (also at the end and on SIGINT/SIGTERM/SIGUSR1); 0 = only then"""
+    deterministic: bool = False
+    """reproducible runs: lockstep stepping, actions from exactly params version (rollout - max policy lag), env
+    pools restarted at every checkpoint; slower (docs/reliability.md)"""
 
 
 # ---------------------------------------------------------------------------
@@ -199,7 +204,10 @@ def resolve(args: Args) -> Setup:
     if envpool.make_spec(args.env_id).action_space.__class__.__name__ != "Discrete":
         raise ConfigError(f"--env-id {args.env_id} has continuous actions; this script supports discrete tasks")
     n = args.local_num_envs
-    async_batch = args.async_batch_size if args.async_batch_size is not None else max(1, n // 2)
+    if args.deterministic and args.async_batch_size not in (None, n):
+        raise ConfigError(f"--deterministic steps every env in lockstep: drop --async-batch-size or set it to "
+                          f"--local-num-envs={n}")
+    async_batch = args.async_batch_size if args.async_batch_size is not None else n if args.deterministic else max(1, n // 2)
     if not 0 < async_batch <= n or n % async_batch:
         raise ConfigError(f"--async-batch-size={async_batch} must divide --local-num-envs={n}; "
                           f"use one of {[d for d in range(1, n + 1) if n % d == 0]}")
@@ -568,20 +576,25 @@ class RunFailed(RuntimeError):
 
 
 class ParamsSlot:
-    """Newest (version, {actor device: params}), published by the learner."""
+    """Parameter versions published by the learner, {actor device: params} each; the newest
+    `keep` are held (more than one only for --deterministic, whose actors ask for an exact one)."""
 
-    def __init__(self):
+    def __init__(self, keep: int = 1):
         self._cond = threading.Condition()
+        self.keep = keep
         self.version = -1
-        self.params: dict[jax.Device, Any] = {}
+        self.history: dict[int, dict[jax.Device, Any]] = {}
 
     def publish(self, version: int, params: dict[jax.Device, Any]):
         with self._cond:
-            self.version, self.params = version, params
+            self.version, self.history[version] = version, params
+            for old in [v for v in self.history if v <= version - self.keep]:
+                del self.history[old]
             self._cond.notify_all()
 
-    def wait(self, min_version: int, stop: threading.Event, timeout_s: float, who: str):
-        """Newest (version, {device: params}) once version >= min_version; never blocks when it already is."""
+    def wait(self, min_version: int, stop: threading.Event, timeout_s: float, who: str, exact: bool = False):
+        """(version, {device: params}) once version >= min_version: the newest, or version
+        `min_version` itself when `exact`. Never blocks when the version is already there."""
         deadline = time.monotonic() + timeout_s
         with self._cond:
             while self.version < min_version:
@@ -591,7 +604,8 @@ class ParamsSlot:
                     raise StallError(f"{who} waited {timeout_s:.0f}s for params version {min_version} "
                                      f"(learner is at {self.version}): the learner stalled")
                 self._cond.wait(0.1)
-            return self.version, self.params
+            version = min_version if exact else self.version
+            return version, self.history[version]
 
 
 def timed_put(q: queue.Queue, item, stop: threading.Event, timeout_s: float, who: str):
@@ -655,13 +669,18 @@ def make_policy_fn(agent: Agent):
 def run_actor(envs, policy, device: jax.Device, key, params_slot: ParamsSlot, rollout_queue: queue.Queue,
               assembler: RolloutAssembler, num_rollouts: int, args: Args, batch_size: int,
               stop: threading.Event, name: str):
-    """Step `envs` with strictly alternating recv -> policy -> send until `num_rollouts` are queued.
+    """Step `envs` with strictly alternating recv -> policy -> send until the assembler has
+    emitted rollout `num_rollouts - 1`.
 
     Each queued item is (Rollout, episode returns, episode lengths, stats dict in seconds).
+    With --deterministic each batch is the whole pool sorted by env id, and the action
+    starting a transition of rollout g comes from params version max(g - max_policy_lag,
+    first rollout of this pool) exactly.
     """
     timer = Timer()
     key = jax.device_put(key, device)
     last_emit = time.perf_counter()
+    first_rollout = assembler.emitted
     envs.async_reset()
     while assembler.emitted < num_rollouts:
         if stop.is_set():
@@ -669,18 +688,25 @@ def run_actor(envs, policy, device: jax.Device, key, params_slot: ParamsSlot, ro
         with timer("env_recv_time_s"):
             obs, reward, terminated, truncated, info = envs.recv()
         env_id = check_env_ids(np.asarray(info["env_id"]), batch_size)
+        lives = info.get("lives")
+        if args.deterministic:
+            order = np.argsort(env_id)
+            env_id, obs, reward, terminated, truncated = (x[order] for x in (env_id, obs, reward, terminated, truncated))
+            lives = None if lives is None else lives[order]
         # An action that starts a transition of rollout g must come from params >= g - max_policy_lag;
         # never wait for a version that needs this thread's own unfinished rollout (that would deadlock).
         needed = min(int(assembler.action_generation(env_id).max()) - args.max_policy_lag, assembler.emitted)
+        if args.deterministic:
+            needed = max(needed, first_rollout)
         with timer("params_wait_time_s"):
-            version, params = params_slot.wait(needed, stop, args.stall_timeout_s, name)
+            version, params = params_slot.wait(needed, stop, args.stall_timeout_s, name, exact=args.deterministic)
         with timer("inference_time_s"):
             action, logprob, value, key = policy(params[device], obs, key)
             action, logprob, value = np.asarray(action), np.asarray(logprob), np.asarray(value)
         with timer("env_send_time_s"):
             envs.send(action, env_id)
         with timer("rollout_assembly_time_s"):
-            completed = assembler.add(env_id, obs, reward, terminated, truncated, info.get("lives"),
+            completed = assembler.add(env_id, obs, reward, terminated, truncated, lives,
                                       action, logprob, value, version)
         for rollout, returns, lengths in completed:
             now = time.perf_counter()
@@ -689,6 +715,17 @@ def run_actor(envs, policy, device: jax.Device, key, params_slot: ParamsSlot, ro
             with timer("rollout_queue_put_time_s"):
                 timed_put(rollout_queue, (rollout, returns, lengths, stats), stop, args.stall_timeout_s, name)
             last_emit = now
+
+
+def env_segments(start_update: int, num_updates: int, args: Args) -> list[tuple[int, int]]:
+    """Rollout ranges [begin, end) each served by one fresh EnvPool pool: the whole run, or
+    with --deterministic one per checkpoint interval, so a run resumed from a periodic
+    checkpoint restarts its envs exactly where the uninterrupted run did."""
+    if not args.deterministic or not args.checkpoint_interval:
+        return [(start_update, num_updates)]
+    interval = args.checkpoint_interval
+    cuts = [start_update, *range((start_update // interval + 1) * interval, num_updates, interval), num_updates]
+    return list(itertools.pairwise(cuts))
 
 
 # ---------------------------------------------------------------------------
@@ -850,8 +887,10 @@ def read_resume_meta(directory: Path, args: Args) -> dict | None:
         manager.close()
     saved = meta["args"]
     now = json.loads(json.dumps(dataclasses.asdict(args)))
+    # A deterministic run restarts its envs at every checkpoint interval: the interval is part of the run.
+    resumable = RESUMABLE_FLAGS - {"checkpoint_interval"} if args.deterministic else RESUMABLE_FLAGS
     differ = [f"--{k.replace('_', '-')} {saved[k]} (now {v})" for k, v in now.items()
-              if k not in RESUMABLE_FLAGS and k in saved and v != saved[k]]
+              if k not in resumable and k in saved and v != saved[k]]
     if differ:
         raise ConfigError(f"checkpoint {directory}/{update} was written with " + ", ".join(differ) +
                           "; resume with the same flags or use a new --run-name")
@@ -1004,7 +1043,17 @@ def run_learner(run: Run, state: TrainState, update_fn, lr_schedule, key, episod
         print(f"step {global_step:>10d} | update {update + 1}/{setup.num_updates} | sps {record['charts/sps']:7.0f} "
               f"| return {ret} | policy lag {record['policy_lag/mean']:.2f} (max {record['policy_lag/max']:.0f}) "
               f"| eta {eta:5.0f}s", flush=True)
-    checkpoint(summary["updates"])
+    if run.preempt.is_set() and args.deterministic:
+        # EnvPool cannot save env state, so only a periodic checkpoint (where the envs restart)
+        # resumes into the same run; the updates since it are redone, identically.
+        latest = run.checkpointer.manager.latest_step()
+        print(f"--deterministic: no checkpoint at update {summary['updates']}; the same command resumes from "
+              f"{f'update {latest}' if latest is not None else 'the start'} and redoes the updates after it exactly")
+        summary["checkpoint"] = str(run.checkpointer.manager.directory / str(latest)) if latest is not None else None
+    else:
+        checkpoint(summary["updates"])
+    leaves = jax.tree.leaves(jax.device_get(state.params))
+    summary["params_sha256"] = hashlib.sha256(b"".join(np.ascontiguousarray(x).tobytes() for x in leaves)).hexdigest()
 
 
 def main(args: Args) -> dict:
@@ -1020,19 +1069,19 @@ def main(args: Args) -> dict:
     """
     setup = resolve(args)
     run_dir = Path("runs") / setup.run_name
+    actor_devices, learner_devices = setup_devices(args)  # first: orbax starts the JAX backend
     meta = read_resume_meta(run_dir / "checkpoints", args)
     if meta is not None and meta["update"] >= setup.num_updates:
         print(f"{run_dir} already finished at update {meta['update']} (global step {meta['global_step']}); "
               "raise --total-timesteps to train it further")
         summary_file = run_dir / "summary.json"
         return json.loads(summary_file.read_text()) if summary_file.exists() else {"global_step": meta["global_step"]}
-    actor_devices, learner_devices = setup_devices(args)
     run_dir.mkdir(parents=True, exist_ok=True)
     checkpointer = Checkpointer(run_dir / "checkpoints")
     (run_dir / "config.json").write_text(json.dumps({"args": dataclasses.asdict(args), "derived": dataclasses.asdict(setup)}, indent=2))
     print(f"run {setup.run_name}: {len(actor_devices)} actor device(s) x {args.num_actor_threads} thread(s) x "
           f"{args.local_num_envs} envs (recv batch {setup.async_batch_size}), {len(learner_devices)} learner device(s); "
-          f"{setup.batch_size} env steps per update, {setup.num_updates} updates")
+          f"{setup.batch_size} env steps per update, {setup.num_updates} updates{', deterministic' * args.deterministic}")
 
     atari = is_atari(args.env_id)
     spec = envpool.make_spec(args.env_id)
@@ -1056,7 +1105,7 @@ def main(args: Args) -> dict:
     update_fn = make_update_fn(args, agent, placement.mesh)
     policy = make_policy_fn(agent)
 
-    run = Run(args, setup, placement, ParamsSlot(), [queue.Queue(maxsize=1) for _ in range(setup.num_actor_threads_total)],
+    run = Run(args, setup, placement, ParamsSlot(keep=args.max_policy_lag + 2 if args.deterministic else 1), [queue.Queue(maxsize=1) for _ in range(setup.num_actor_threads_total)],
               threading.Event(), threading.Event(), Logger(args, setup, run_dir, wandb_id), checkpointer, start_update,
               wandb_id, {})
     run.params_slot.publish(start_update, placement.to_actors(state.params))
@@ -1075,17 +1124,18 @@ def main(args: Args) -> dict:
         return threading.Thread(target=body, name=name, daemon=True)
 
     def actor(thread_index: int, device):
-        # Distinct env seeds per thread, and fresh ones after a resume.
-        seed = args.seed + (thread_index + start_update * setup.num_actor_threads_total) * args.local_num_envs
-        envs = make_envs(args, args.local_num_envs, setup.async_batch_size, seed, setup.num_env_threads)
-        assembler = RolloutAssembler(args.local_num_envs, args.num_steps, obs_space.shape, obs_space.dtype,
-                                     clip_rewards=atari, episodic_life=args.episodic_life, first_rollout=start_update)
-        try:
-            run_actor(envs, policy, device, jax.random.fold_in(jax.random.fold_in(actor_root, thread_index), start_update),
-                      run.params_slot, run.queues[thread_index], assembler, setup.num_updates, args,
-                      setup.async_batch_size, AnyEvent(run.stop, run.preempt), f"actor thread {thread_index}")
-        finally:
-            envs.close()
+        for begin, end in env_segments(start_update, setup.num_updates, args):
+            # Distinct env seeds per thread, and fresh ones for every pool (after a resume too).
+            seed = args.seed + (thread_index + begin * setup.num_actor_threads_total) * args.local_num_envs
+            envs = make_envs(args, args.local_num_envs, setup.async_batch_size, seed, setup.num_env_threads)
+            assembler = RolloutAssembler(args.local_num_envs, args.num_steps, obs_space.shape, obs_space.dtype,
+                                         clip_rewards=atari, episodic_life=args.episodic_life, first_rollout=begin)
+            try:
+                run_actor(envs, policy, device, jax.random.fold_in(jax.random.fold_in(actor_root, thread_index), begin),
+                          run.params_slot, run.queues[thread_index], assembler, end, args,
+                          setup.async_batch_size, AnyEvent(run.stop, run.preempt), f"actor thread {thread_index}")
+            finally:
+                envs.close()
 
     received: list[tuple[int, float]] = []  # (signal, time)
 
@@ -1099,7 +1149,8 @@ def main(args: Args) -> dict:
             return
         received.append((signum, time.monotonic()))
         hint = " (Ctrl-C again exits at once)" if signum == signal.SIGINT else ""
-        print(f"{signal.Signals(signum).name}: checkpointing and stopping{hint}", flush=True)
+        doing = "stopping (--deterministic: no new checkpoint)" if args.deterministic else "checkpointing and stopping"
+        print(f"{signal.Signals(signum).name}: {doing}{hint}", flush=True)
         run.preempt.set()
 
     stop_signals = [signal.SIGINT, signal.SIGTERM, signal.SIGUSR1]

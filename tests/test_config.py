@@ -30,6 +30,7 @@ def test_k12_envs_not_divisible_by_learners_names_nearest_values():
     (dict(gae_lambda=0.0), r"--gae-lambda=0.0 must be in \(0, 1\]"),
     (dict(max_policy_lag=-1), r"--max-policy-lag=-1 must be >= 0"),
     (dict(learner_device_ids=[1, 1]), r"ids must be distinct"),
+    (dict(deterministic=True, async_batch_size=4), r"--deterministic steps every env in lockstep"),
 ])
 def test_bad_values_are_refused(change, message):
     with pytest.raises(ConfigError, match=message):
@@ -48,6 +49,7 @@ def test_batch_arithmetic():
     assert (s.num_actor_threads_total, s.num_envs_total, s.batch_size) == (4, 32, 512)
     assert s.envs_per_learner == 16 and s.minibatch_size == 16 * 16 // 4
     assert s.num_updates == 10_000 // 512 and s.async_batch_size == 4
+    assert resolve(Args(**CARTPOLE, deterministic=True)).async_batch_size == 8  # lockstep: the whole pool
 
 
 def run_cli(*flags):
