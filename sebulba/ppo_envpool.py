@@ -55,6 +55,7 @@ import orbax.checkpoint as ocp
 import tyro
 import wandb
 from flax.training.train_state import TrainState
+from jax.experimental.multihost_utils import process_allgather
 from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 from tensorboardX import SummaryWriter
@@ -135,6 +136,15 @@ class Args:
     """seconds without a rollout or a parameter update before the run fails as stalled"""
     checkpoint_interval: int = 100
     """save a checkpoint every this many updates (also at the end and on SIGINT/SIGTERM/SIGUSR1); 0 = only then"""
+    distributed: bool = False
+    """join a multi-process run (jax.distributed): under SLURM (srun) all is detected; elsewhere give the next
+    three flags (or JAX_COORDINATOR_ADDRESS, JAX_NUM_PROCESSES, JAX_PROCESS_ID; docs/distributed.md)"""
+    coordinator_address: str | None = None
+    """--distributed outside SLURM: host:port where process 0 runs the coordinator"""
+    num_processes: int | None = None
+    """--distributed outside SLURM: processes in the run"""
+    process_id: int | None = None
+    """--distributed outside SLURM: this process's index, 0 .. num_processes - 1"""
     deterministic: bool = False
     """reproducible runs: lockstep stepping, actions from exactly params version (rollout - max policy lag), env
     pools restarted at every checkpoint; slower (docs/reliability.md)"""
@@ -158,23 +168,78 @@ def is_atari(env_id: str) -> bool:
     return type(envpool.make_spec(env_id)).__name__ == "AtariEnvSpec"
 
 
+HEARTBEAT_TIMEOUT_S = 20  # a process silent this long is dead: jax.distributed ends the others
+
+# What JAX's own SLURM detection reads (jax._src.clusters.SlurmCluster); all are set inside an `srun` step.
+SLURM_STEP_VARS = ("SLURM_JOB_ID", "SLURM_STEP_NODELIST", "SLURM_NTASKS", "SLURM_PROCID", "SLURM_LOCALID")
+
+
+@dataclass(frozen=True)
+class Cluster:
+    """The processes of this run: (1, 0) unless --distributed."""
+
+    num_processes: int = 1
+    process_id: int = 0
+    coordinator_address: str | None = None  # None under SLURM: JAX finds it
+    slurm_job_id: str | None = None
+
+
+def detect_cluster(args: Args) -> Cluster:
+    """Processes of a --distributed run, from the flags, JAX_* variables or a SLURM step.
+
+    A shell on an allocated SLURM node (SLURM_JOB_ID set, no step variables; case K10) runs
+    as a single process and says so.
+
+    Raises:
+      ConfigError: --distributed with neither SLURM nor a complete coordinator setting.
+    """
+    if not args.distributed:
+        return Cluster()
+    env = os.environ
+    address = args.coordinator_address or env.get("JAX_COORDINATOR_ADDRESS")
+    count = args.num_processes if args.num_processes is not None else env.get("JAX_NUM_PROCESSES")
+    index = args.process_id if args.process_id is not None else env.get("JAX_PROCESS_ID")
+    if (address, count, index) != (None, None, None):
+        missing = [f for f, v in (("--coordinator-address", address), ("--num-processes", count),
+                                  ("--process-id", index)) if v is None]
+        if missing:
+            raise ConfigError(f"--distributed outside SLURM also needs {' and '.join(missing)} "
+                              "(or JAX_COORDINATOR_ADDRESS, JAX_NUM_PROCESSES, JAX_PROCESS_ID)")
+        count, index = int(count), int(index)
+        if not 0 <= index < count:
+            raise ConfigError(f"--process-id={index} must be in 0..{count - 1} for --num-processes={count}")
+        return Cluster(count, index, address, env.get("SLURM_JOB_ID"))
+    if all(v in env for v in SLURM_STEP_VARS):
+        return Cluster(int(env["SLURM_NTASKS"]), int(env["SLURM_PROCID"]), None, env["SLURM_JOB_ID"])
+    if "SLURM_JOB_ID" in env:
+        missing = ", ".join(v for v in SLURM_STEP_VARS if v not in env)
+        print(f"--distributed: SLURM_JOB_ID is set but {missing} not (a shell on an allocated node, not an srun "
+              "step): running as a single process")
+        return Cluster(slurm_job_id=env["SLURM_JOB_ID"])
+    raise ConfigError("--distributed needs a SLURM step (launch with srun) or --coordinator-address, --num-processes "
+                      "and --process-id (scripts/launch_local.py sets them on one machine)")
+
+
 @dataclass(frozen=True)
 class Setup:
-    """Quantities derived once from Args (never CLI flags)."""
+    """Quantities derived once from Args (never CLI flags). Counts are global (every process)
+    unless the name says local."""
 
     run_name: str
     async_batch_size: int
     num_env_threads: int
-    num_actor_threads_total: int  # over every actor device of this process
-    num_envs_total: int  # envs feeding one update
-    batch_size: int  # env steps per update
+    num_actor_threads_total: int  # local: over every actor device of this process
+    num_envs_total: int  # envs feeding one update, every process
+    batch_size: int  # env steps per update, every process
     num_updates: int
     minibatch_size: int  # per learner device
     envs_per_learner: int
+    num_processes: int = 1
+    process_id: int = 0
 
 
-def resolve(args: Args) -> Setup:
-    """Check `args` and derive the batch arithmetic.
+def resolve(args: Args, cluster: Cluster = Cluster()) -> Setup:
+    """Check `args` and derive the batch arithmetic over every process of `cluster`.
 
     Raises:
       ConfigError: one line naming the flag and valid values.
@@ -211,13 +276,13 @@ def resolve(args: Args) -> Setup:
     if not 0 < async_batch <= n or n % async_batch:
         raise ConfigError(f"--async-batch-size={async_batch} must divide --local-num-envs={n}; "
                           f"use one of {[d for d in range(1, n + 1) if n % d == 0]}")
-    num_learners = len(args.learner_device_ids)
+    num_learners = len(args.learner_device_ids)  # per process; each process feeds its own learner devices
     if n % num_learners:
         raise ConfigError(f"--local-num-envs={n} is not divisible by {num_learners} learner devices; "
                           f"use {_nearest_multiples(n, num_learners)}")
     num_threads = len(args.actor_device_ids) * args.num_actor_threads
-    num_envs_total = num_threads * n
-    envs_per_learner = num_envs_total // num_learners
+    num_envs_total = cluster.num_processes * num_threads * n
+    envs_per_learner = num_envs_total // (cluster.num_processes * num_learners)
     per_learner = args.num_steps * envs_per_learner
     chunks = args.num_minibatches * args.gradient_accumulation_steps
     if per_learner % chunks:
@@ -228,9 +293,13 @@ def resolve(args: Args) -> Setup:
     if args.total_timesteps < batch_size:
         raise ConfigError(f"--total-timesteps={args.total_timesteps} is smaller than one batch ({batch_size} env steps "
                           f"= num_steps x envs); use at least {batch_size}")
+    if args.run_name is None and cluster.num_processes > 1 and cluster.slurm_job_id is None:
+        raise ConfigError("--distributed: give every process the same --run-name (the default contains the start time)")
+    # Under SLURM the default name is stable across requeues of the job, which then resume.
+    stamp = f"slurm{cluster.slurm_job_id}" if cluster.slurm_job_id else str(int(time.time()))
     cores = os.cpu_count() or 1
     return Setup(
-        run_name=args.run_name or f"{args.env_id.replace('/', '_')}__{args.exp_name}__{args.seed}__{int(time.time())}",
+        run_name=args.run_name or f"{args.env_id.replace('/', '_')}__{args.exp_name}__{args.seed}__{stamp}",
         async_batch_size=async_batch,
         num_env_threads=args.num_env_threads or max(1, cores // num_threads),
         num_actor_threads_total=num_threads,
@@ -239,32 +308,48 @@ def resolve(args: Args) -> Setup:
         num_updates=args.total_timesteps // batch_size,
         minibatch_size=per_learner // args.num_minibatches,
         envs_per_learner=envs_per_learner,
+        num_processes=cluster.num_processes,
+        process_id=cluster.process_id,
     )
 
 
-def setup_devices(args: Args) -> tuple[list[jax.Device], list[jax.Device]]:
-    """Return (actor devices, learner devices); on CPU, create missing virtual devices.
+def setup_devices(args: Args, cluster: Cluster = Cluster()) -> tuple[list[jax.Device], list[jax.Device]]:
+    """Start the JAX backend; return (this process's actor devices, the learner devices of
+    every process, process-major: the learner mesh).
 
-    On the CPU backend `jax_num_cpu_devices` is raised to cover the largest requested id,
-    unless the user's XLA_FLAGS already set a device count (never overwritten).
+    Device ids are local to each process. On the CPU backend `jax_num_cpu_devices` is raised
+    to cover the largest requested id, unless the user's XLA_FLAGS already set a device count
+    (never overwritten). A multi-process cluster joins `jax.distributed` first (CPU
+    collectives through gloo); a process that dies is noticed by the others' heartbeat
+    within HEARTBEAT_TIMEOUT_S and ends them.
 
     Raises:
       ConfigError: a requested id does not exist on this process.
     """
-    needed = max(args.actor_device_ids + args.learner_device_ids) + 1
+    ids = sorted(set(args.actor_device_ids + args.learner_device_ids))
+    needed = ids[-1] + 1
     created = False
     if "xla_force_host_platform_device_count" not in os.environ.get("XLA_FLAGS", ""):
         with contextlib.suppress(RuntimeError):  # the backend is already up (e.g. in tests): use what exists
             if needed > jax.config.jax_num_cpu_devices:
                 jax.config.update("jax_num_cpu_devices", needed)
                 created = True
+    if cluster.num_processes > 1:
+        jax.config.update("jax_cpu_collectives_implementation", "gloo")
+        explicit = cluster.coordinator_address is not None  # else JAX reads the SLURM step itself
+        # local_device_ids: this process owns every GPU it names (JAX would give one per SLURM task).
+        jax.distributed.initialize(cluster.coordinator_address, cluster.num_processes if explicit else None,
+                                   cluster.process_id if explicit else None, local_device_ids=ids,
+                                   heartbeat_timeout_seconds=HEARTBEAT_TIMEOUT_S)
     devices = jax.local_devices()
     if needed > len(devices):
         raise ConfigError(f"device id {needed - 1} requested but this process has {len(devices)} "
                           f"{devices[0].platform} devices; use ids 0..{len(devices) - 1}")
     if created and devices[0].platform == "cpu" and needed > 1:
         print(f"no accelerator: running on {len(devices)} virtual CPU devices (jax_num_cpu_devices={needed})")
-    return [devices[i] for i in args.actor_device_ids], [devices[i] for i in args.learner_device_ids]
+    per_process = [jax.local_devices(process_index=p) for p in range(jax.process_count())]
+    learners = [local[i] for local in per_process for i in args.learner_device_ids]
+    return [devices[i] for i in args.actor_device_ids], learners
 
 
 # ---------------------------------------------------------------------------
@@ -733,31 +818,45 @@ def env_segments(start_update: int, num_updates: int, args: Args) -> list[tuple[
 
 
 class Placement:
-    """Every device placement of the script: actor devices, the learner mesh and its shardings."""
+    """Every device placement of the script: actor devices, the learner mesh (the learner
+    devices of every process) and its shardings."""
 
     def __init__(self, actor_devices: list[jax.Device], learner_devices: list[jax.Device]):
         self.actor_devices = actor_devices
         self.mesh = Mesh(np.array(learner_devices), ("learner",))
         self.replicated = NamedSharding(self.mesh, P())
         self.env_sharded = NamedSharding(self.mesh, P(None, "learner"))  # [T, envs, ...]: env axis split
+        self.num_local_learners = sum(d.process_index == jax.process_index() for d in learner_devices)
 
     def to_actors(self, params) -> dict[jax.Device, Any]:
-        """One copy of `params` on each actor device."""
-        return {d: jax.device_put(params, d) for d in self.actor_devices}
+        """One copy of the (replicated) learner `params` on each of this process's actor devices."""
+        local = jax.tree.map(lambda x: x.addressable_data(0), params)
+        return {d: jax.device_put(local, d) for d in self.actor_devices}
+
+    def replicate(self, tree):
+        """Host values, the same on every process -> arrays replicated over the learner mesh."""
+        return jax.tree.map(lambda x: jax.make_array_from_process_local_data(self.replicated, np.asarray(x)), tree)
 
     def to_learners(self, rollouts: list[Rollout]) -> Rollout:
-        """Concatenate per-thread host rollouts [T+1, N] into one [T+1, K*N] batch on the mesh,
-        ordered so each learner device's contiguous env slice holds an equal part of every
-        thread's envs."""
-        num_learners = self.mesh.devices.size
+        """Concatenate this process's per-thread host rollouts [T+1, N] into its [T+1, K*N]
+        part of the global batch [T+1, processes*K*N], ordered so each local learner
+        device's contiguous env slice holds an equal part of every thread's envs."""
+        num_learners = self.num_local_learners
 
         def interleave(*xs):
             x = np.stack(xs)  # [K, T+1, N, ...]
             k, t, n = x.shape[:3]
             x = x.reshape((k, t, num_learners, n // num_learners) + x.shape[3:])
-            return np.moveaxis(x, 0, 2).reshape((t, k * n) + x.shape[4:])
+            local = np.moveaxis(x, 0, 2).reshape((t, k * n) + x.shape[4:])
+            global_shape = (t, k * n * jax.process_count()) + x.shape[4:]
+            return jax.make_array_from_process_local_data(self.env_sharded, local, global_shape)
 
-        return jax.device_put(Rollout(*[interleave(*fields) for fields in zip(*rollouts)]), self.env_sharded)
+        return Rollout(*[interleave(*fields) for fields in zip(*rollouts)])
+
+
+def host(x) -> np.ndarray:
+    """The value of an array replicated over the learner mesh, on the host (any process)."""
+    return np.asarray(x.addressable_data(0))
 
 
 def prepare_transitions(rollout: Rollout, gamma: float, gae_lambda: float) -> Minibatch:
@@ -819,14 +918,16 @@ def make_update_fn(args: Args, agent: Agent, mesh: Mesh):
     prepare = jax.jit(jax.shard_map(prepare, mesh=mesh, in_specs=env_axis, out_specs=P("learner")))
     shuffle = jax.jit(jax.shard_map(shuffle, mesh=mesh, in_specs=(P("learner"), P()), out_specs=env_axis))
     step = jax.jit(jax.shard_map(step, mesh=mesh, in_specs=(P(), env_axis, P()), out_specs=(P(), P())))
+    # Minibatch indices as arrays on the mesh: a multi-process jit takes no host values.
+    indices = [jax.make_array_from_process_local_data(NamedSharding(mesh, P()), np.int32(i)) for i in range(n_mb)]
 
     def update(state: TrainState, rollout: Rollout, key):
         data = prepare(rollout)
         metrics = []
         for epoch_key in jax.random.split(key, args.update_epochs):
             shuffled = shuffle(data, epoch_key)
-            for index in range(n_mb):
-                state, m = step(state, shuffled, np.int32(index))
+            for index in indices:
+                state, m = step(state, shuffled, index)
                 metrics.append(m)
         return state, jax.tree.map(lambda *m: jnp.mean(jnp.stack(m)), *metrics)
 
@@ -839,24 +940,30 @@ def make_update_fn(args: Args, agent: Agent, mesh: Mesh):
 
 class Logger:
     """Console-free metric sink: TensorBoard events in the run directory, mirrored to W&B
-    with --track (the same W&B run id is reused on resume). Called from the learner thread."""
+    with --track (the same W&B run id is reused on resume). Called from the learner thread;
+    a no-op on every process but process 0."""
 
     def __init__(self, args: Args, setup: Setup, run_dir: Path, wandb_id: str | None):
+        self.writer = self.wandb = None
+        if setup.process_id:  # process 0 alone writes logs
+            return
         self.writer = SummaryWriter(str(run_dir))
-        self.wandb = None
         if args.track:
             self.wandb = wandb.init(project=args.wandb_project_name, entity=args.wandb_entity, name=setup.run_name,
                                     id=wandb_id, resume="allow", dir=str(run_dir),
                                     config=dict(dataclasses.asdict(args), **dataclasses.asdict(setup)))
 
     def log(self, metrics: dict[str, float], step: int):
+        if self.writer is None:
+            return
         for k, v in metrics.items():
             self.writer.add_scalar(k, v, step)
         if self.wandb is not None:
             self.wandb.log(metrics, step=step)
 
     def close(self):
-        self.writer.close()
+        if self.writer is not None:
+            self.writer.close()
         if self.wandb is not None:
             self.wandb.finish()
 
@@ -866,7 +973,7 @@ RESUMABLE_FLAGS = {"track", "wandb_project_name", "wandb_entity", "log_frequency
                    "stall_timeout_s", "checkpoint_interval", "total_timesteps"}
 
 
-def read_resume_meta(directory: Path, args: Args) -> dict | None:
+def read_resume_meta(directory: Path, args: Args, num_processes: int = 1) -> dict | None:
     """Metadata of the newest checkpoint in `directory`, or None for a new run.
 
     Raises:
@@ -891,6 +998,8 @@ def read_resume_meta(directory: Path, args: Args) -> dict | None:
     resumable = RESUMABLE_FLAGS - {"checkpoint_interval"} if args.deterministic else RESUMABLE_FLAGS
     differ = [f"--{k.replace('_', '-')} {saved[k]} (now {v})" for k, v in now.items()
               if k not in resumable and k in saved and v != saved[k]]
+    if meta.get("num_processes", 1) != num_processes:  # the global batch would change
+        differ.append(f"{meta.get('num_processes', 1)} process(es) (now {num_processes})")
     if differ:
         raise ConfigError(f"checkpoint {directory}/{update} was written with " + ", ".join(differ) +
                           "; resume with the same flags or use a new --run-name")
@@ -950,6 +1059,7 @@ class Run:
     start_update: int
     wandb_id: str | None
     summary: dict
+    signum: int = 0  # the first stop signal this process received
 
 
 def run_learner(run: Run, state: TrainState, update_fn, lr_schedule, key, episodes: collections.deque):
@@ -965,14 +1075,17 @@ def run_learner(run: Run, state: TrainState, update_fn, lr_schedule, key, episod
     timer = Timer()
     start_time = cpu_start_wall = time.time()
     cpu_start = sum(os.times()[:2])
-    interrupted = AnyEvent(run.stop, run.preempt)
+    # One process alone must not leave the update loop (the others would wait in a collective):
+    # with several processes a stop signal is acted on only where every process agrees on it.
+    interrupted = AnyEvent(run.stop, run.preempt) if setup.num_processes == 1 else run.stop
+    stopped_by = 0
 
-    def checkpoint(updates_done: int):
+    def checkpoint(updates_done: int):  # every process takes part; orbax writes each array once
         if run.checkpointer.manager.latest_step() == updates_done:
             return
         meta = dict(update=updates_done, global_step=updates_done * setup.batch_size, wandb_id=run.wandb_id,
-                    learner_key=np.asarray(jax.random.key_data(key)).tolist(), episodes=list(episodes),
-                    args=dataclasses.asdict(args))
+                    learner_key=host(jax.random.key_data(key)).tolist(), episodes=list(episodes),
+                    num_processes=setup.num_processes, args=dataclasses.asdict(args))
         run.checkpointer.save(updates_done, state, meta)
         summary.update(checkpoint=str(run.checkpointer.manager.directory / str(updates_done)))
 
@@ -983,7 +1096,10 @@ def run_learner(run: Run, state: TrainState, update_fn, lr_schedule, key, episod
 
     update_summary(run.start_update)
     for update in range(run.start_update, setup.num_updates):
-        if run.preempt.is_set():
+        stopped_by = run.signum if setup.num_processes == 1 else int(process_allgather(np.int32(run.signum)).max())
+        if stopped_by:
+            if not run.signum and not setup.process_id:
+                print(f"{signal.Signals(stopped_by).name} on another process: checkpointing and stopping", flush=True)
             break
         try:
             with timer("rollout_queue_get_time_s"):
@@ -991,6 +1107,7 @@ def run_learner(run: Run, state: TrainState, update_fn, lr_schedule, key, episod
                          for i, q in enumerate(queues)]
         except Stopped:
             if run.preempt.is_set():
+                stopped_by = run.signum
                 break
             raise
         with timer("transfer_time_s"):
@@ -998,7 +1115,7 @@ def run_learner(run: Run, state: TrainState, update_fn, lr_schedule, key, episod
         key, update_key = jax.random.split(key)
         with timer("update_time_s"):
             state, metrics = update_fn(state, batch, update_key)
-            metrics = jax.device_get(metrics)
+            metrics = jax.tree.map(host, metrics)
         run.params_slot.publish(update + 1, placement.to_actors(state.params))
 
         lag = update - np.concatenate([rollout.versions[:-1].ravel() for rollout, *_ in items])
@@ -1038,21 +1155,26 @@ def run_learner(run: Run, state: TrainState, update_fn, lr_schedule, key, episod
         window.clear()
         cpu_start, cpu_start_wall = cpu_now, now
         logger.log(record, global_step)
+        if setup.process_id:
+            continue
         eta = (now - start_time) / (update + 1 - run.start_update) * (setup.num_updates - update - 1)
         ret = f"{summary['episodic_return_mean']:8.1f}" if episodes else "     n/a"
         print(f"step {global_step:>10d} | update {update + 1}/{setup.num_updates} | sps {record['charts/sps']:7.0f} "
               f"| return {ret} | policy lag {record['policy_lag/mean']:.2f} (max {record['policy_lag/max']:.0f}) "
               f"| eta {eta:5.0f}s", flush=True)
-    if run.preempt.is_set() and args.deterministic:
+    if stopped_by:
+        summary["interrupted_by"] = signal.Signals(stopped_by).name
+    if stopped_by and args.deterministic:
         # EnvPool cannot save env state, so only a periodic checkpoint (where the envs restart)
         # resumes into the same run; the updates since it are redone, identically.
         latest = run.checkpointer.manager.latest_step()
-        print(f"--deterministic: no checkpoint at update {summary['updates']}; the same command resumes from "
-              f"{f'update {latest}' if latest is not None else 'the start'} and redoes the updates after it exactly")
+        if not setup.process_id:
+            print(f"--deterministic: no checkpoint at update {summary['updates']}; the same command resumes from "
+                  f"{f'update {latest}' if latest is not None else 'the start'} and redoes the updates after it exactly")
         summary["checkpoint"] = str(run.checkpointer.manager.directory / str(latest)) if latest is not None else None
     else:
         checkpoint(summary["updates"])
-    leaves = jax.tree.leaves(jax.device_get(state.params))
+    leaves = [host(x) for x in jax.tree.leaves(state.params)]
     summary["params_sha256"] = hashlib.sha256(b"".join(np.ascontiguousarray(x).tobytes() for x in leaves)).hexdigest()
 
 
@@ -1067,21 +1189,30 @@ def main(args: Args) -> dict:
         (including an unreadable or mismatched checkpoint).
       RunFailed: a thread failed (its traceback is printed first) or stalled.
     """
-    setup = resolve(args)
+    cluster = detect_cluster(args)
+    setup = resolve(args, cluster)
+    lead = setup.process_id == 0  # process 0 alone writes the run directory, logs and the console
     run_dir = Path("runs") / setup.run_name
-    actor_devices, learner_devices = setup_devices(args)  # first: orbax starts the JAX backend
-    meta = read_resume_meta(run_dir / "checkpoints", args)
+    actor_devices, learner_devices = setup_devices(args, cluster)  # first: orbax starts the JAX backend
+    meta = read_resume_meta(run_dir / "checkpoints", args, setup.num_processes)
     if meta is not None and meta["update"] >= setup.num_updates:
-        print(f"{run_dir} already finished at update {meta['update']} (global step {meta['global_step']}); "
-              "raise --total-timesteps to train it further")
+        if lead:
+            print(f"{run_dir} already finished at update {meta['update']} (global step {meta['global_step']}); "
+                  "raise --total-timesteps to train it further")
         summary_file = run_dir / "summary.json"
         return json.loads(summary_file.read_text()) if summary_file.exists() else {"global_step": meta["global_step"]}
     run_dir.mkdir(parents=True, exist_ok=True)
     checkpointer = Checkpointer(run_dir / "checkpoints")
-    (run_dir / "config.json").write_text(json.dumps({"args": dataclasses.asdict(args), "derived": dataclasses.asdict(setup)}, indent=2))
-    print(f"run {setup.run_name}: {len(actor_devices)} actor device(s) x {args.num_actor_threads} thread(s) x "
-          f"{args.local_num_envs} envs (recv batch {setup.async_batch_size}), {len(learner_devices)} learner device(s); "
-          f"{setup.batch_size} env steps per update, {setup.num_updates} updates{', deterministic' * args.deterministic}")
+    if lead:
+        (run_dir / "config.json").write_text(json.dumps({"args": dataclasses.asdict(args),
+                                                         "derived": dataclasses.asdict(setup)}, indent=2))
+        per_process = setup.num_actor_threads_total * args.local_num_envs
+        print(f"run {setup.run_name}{', deterministic' * args.deterministic}: {setup.num_processes} process(es) x "
+              f"{len(actor_devices)} actor device(s) x {args.num_actor_threads} thread(s) x {args.local_num_envs} envs "
+              f"(recv batch {setup.async_batch_size}) = {setup.num_envs_total} envs; {len(learner_devices)} learner "
+              f"device(s) x {setup.envs_per_learner} envs; env steps per update: {args.num_steps * args.local_num_envs} "
+              f"per thread, {args.num_steps * per_process} per process, {setup.batch_size} in all; "
+              f"{setup.num_updates} updates")
 
     atari = is_atari(args.env_id)
     spec = envpool.make_spec(args.env_id)
@@ -1094,14 +1225,16 @@ def main(args: Args) -> dict:
     lr_schedule = optax.linear_schedule(args.learning_rate, 0.0 if args.anneal_lr else args.learning_rate,
                                         setup.num_updates * args.update_epochs * args.num_minibatches)
     tx = optax.chain(optax.clip_by_global_norm(args.max_grad_norm), optax.adam(lr_schedule, eps=1e-5))
-    state = jax.device_put(TrainState.create(apply_fn=None, params=params, tx=tx), placement.replicated)
+    state = placement.replicate(TrainState.create(apply_fn=None, params=params, tx=tx))
     start_update, wandb_id, episodes = 0, uuid.uuid4().hex[:12] if args.track else None, []
     if meta is not None:
         start_update, wandb_id, episodes = meta["update"], meta["wandb_id"] or wandb_id, meta["episodes"]
         state = checkpointer.restore_state(start_update, state)
-        learner_key = jnp.asarray(meta["learner_key"], dtype=jnp.uint32)
-        print(f"resumed from {checkpointer.manager.directory}/{start_update}: update {start_update}, "
-              f"global step {meta['global_step']}")
+        learner_key = np.asarray(meta["learner_key"], dtype=np.uint32)
+        if lead:
+            print(f"resumed from {checkpointer.manager.directory}/{start_update}: update {start_update}, "
+                  f"global step {meta['global_step']}")
+    learner_key = placement.replicate(learner_key)
     update_fn = make_update_fn(args, agent, placement.mesh)
     policy = make_policy_fn(agent)
 
@@ -1123,17 +1256,21 @@ def main(args: Args) -> dict:
                 run.stop.set()
         return threading.Thread(target=body, name=name, daemon=True)
 
+    # With several processes, actors stop only when the learners have agreed to stop (run.stop).
+    actors_stop = AnyEvent(run.stop, run.preempt) if setup.num_processes == 1 else run.stop
+
     def actor(thread_index: int, device):
+        # Distinct env seeds and action keys per thread of every process, fresh ones for every pool.
+        global_index = setup.process_id * setup.num_actor_threads_total + thread_index
         for begin, end in env_segments(start_update, setup.num_updates, args):
-            # Distinct env seeds per thread, and fresh ones for every pool (after a resume too).
-            seed = args.seed + (thread_index + begin * setup.num_actor_threads_total) * args.local_num_envs
+            seed = args.seed + (global_index + begin * setup.num_envs_total // args.local_num_envs) * args.local_num_envs
             envs = make_envs(args, args.local_num_envs, setup.async_batch_size, seed, setup.num_env_threads)
             assembler = RolloutAssembler(args.local_num_envs, args.num_steps, obs_space.shape, obs_space.dtype,
                                          clip_rewards=atari, episodic_life=args.episodic_life, first_rollout=begin)
             try:
-                run_actor(envs, policy, device, jax.random.fold_in(jax.random.fold_in(actor_root, thread_index), begin),
+                run_actor(envs, policy, device, jax.random.fold_in(jax.random.fold_in(actor_root, global_index), begin),
                           run.params_slot, run.queues[thread_index], assembler, end, args,
-                          setup.async_batch_size, AnyEvent(run.stop, run.preempt), f"actor thread {thread_index}")
+                          setup.async_batch_size, actors_stop, f"actor thread {thread_index}")
             finally:
                 envs.close()
 
@@ -1151,6 +1288,7 @@ def main(args: Args) -> dict:
         hint = " (Ctrl-C again exits at once)" if signum == signal.SIGINT else ""
         doing = "stopping (--deterministic: no new checkpoint)" if args.deterministic else "checkpointing and stopping"
         print(f"{signal.Signals(signum).name}: {doing}{hint}", flush=True)
+        run.signum = signum
         run.preempt.set()
 
     stop_signals = [signal.SIGINT, signal.SIGTERM, signal.SIGUSR1]
@@ -1177,19 +1315,20 @@ def main(args: Args) -> dict:
         checkpointer.close()
     if errors:
         name, error = errors[0]
-        raise RunFailed(f"{name} failed: {error!r}") from error
+        others = f" (process {setup.process_id} of {setup.num_processes}: if this is a failed collective, another " \
+                 "process ended first; its output has the cause)" if setup.num_processes > 1 else ""
+        raise RunFailed(f"{name} failed: {error!r}{others}") from error
     summary = run.summary
     elapsed = time.time() - start_time
     summary.update(elapsed_s=elapsed, sps=(summary["global_step"] - start_update * setup.batch_size) / elapsed,
                    run_dir=str(run_dir))
-    if received:
-        summary["interrupted_by"] = signal.Signals(received[0][0]).name
-    (run_dir / "summary.json").write_text(json.dumps(summary, indent=2))
-    status = f"stopped by {summary['interrupted_by']}" if received else "done"
-    ret = summary["episodic_return_mean"]
-    print(f"{status}: {summary['global_step']} env steps, {elapsed:.1f}s this session ({summary['sps']:.0f} SPS), "
-          f"episodic return {'n/a (no game finished)' if ret is None else f'{ret:.1f}'}; "
-          f"checkpoint {summary.get('checkpoint')}")
+    if lead:
+        (run_dir / "summary.json").write_text(json.dumps(summary, indent=2))
+        status = f"stopped by {summary['interrupted_by']}" if "interrupted_by" in summary else "done"
+        ret = summary["episodic_return_mean"]
+        print(f"{status}: {summary['global_step']} env steps, {elapsed:.1f}s this session ({summary['sps']:.0f} SPS), "
+              f"episodic return {'n/a (no game finished)' if ret is None else f'{ret:.1f}'}; "
+              f"checkpoint {summary.get('checkpoint')}")
     return summary
 
 

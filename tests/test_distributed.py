@@ -1,0 +1,208 @@
+"""Multi-process runs on one machine: jax.distributed over local processes, CPU collectives
+through gloo (issue: multi-node Sebulba; case K13). Each test starts real processes."""
+
+import json
+import os
+import random
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from sebulba.ppo_envpool import Args, Cluster, ConfigError, detect_cluster, resolve
+
+ROOT = Path(__file__).resolve().parents[1]
+FLAGS = ["--env-id", "CartPole-v1", "--local-num-envs", "8", "--num-steps", "16", "--num-actor-threads", "1",
+         "--hiddens", "16", "--update-epochs", "1", "--log-frequency", "2", "--actor-device-ids", "0",
+         "--learner-device-ids", "1", "--distributed"]
+UPDATES = 4
+TOTAL = ["--total-timesteps", str(2 * 8 * 16 * UPDATES)]  # two processes x 8 envs x 16 steps per update
+
+# Instrumentation run inside each process: after every update, the SHA-256 of the params;
+# for every batch, the env steps this process contributed; at every save and restore, the
+# SHA-256 of the params written or read.
+RECORD = """
+import hashlib, os, sys
+import jax
+flag = sys.argv.index("--process-id") + 1 if "--process-id" in sys.argv else None
+pid = sys.argv[flag] if flag else os.environ.get("JAX_PROCESS_ID", os.environ.get("SLURM_PROCID", "0"))
+def sha(params):
+    return hashlib.sha256(b"".join(ppo.host(x).tobytes() for x in jax.tree.leaves(params))).hexdigest()
+def record(kind, value):
+    with open(f"{kind}_{pid}.txt", "a") as f:
+        f.write(f"{value}\\n")
+real_update = ppo.make_update_fn
+def make_update_fn(*a, **k):
+    update = real_update(*a, **k)
+    def recorded(state, rollout, key):
+        record("steps", (rollout.actions.shape[0] - 1) * sum(s.data.shape[1] for s in rollout.actions.addressable_shards))
+        state, metrics = update(state, rollout, key)
+        record("params", sha(state.params))
+        return state, metrics
+    return recorded
+ppo.make_update_fn = make_update_fn
+real_save, real_restore = ppo.Checkpointer.save, ppo.Checkpointer.restore_state
+def save(self, update, state, meta):
+    real_save(self, update, state, meta)
+    record("saved", f"{update} {sha(state.params)}")
+    if os.environ.get("KILL_AFTER_SAVE") == str(update):
+        self.manager.wait_until_finished()
+        os._exit(9)
+def restore_state(self, update, like):
+    state = real_restore(self, update, like)
+    record("restored", f"{update} {sha(state.params)}")
+    return state
+ppo.Checkpointer.save, ppo.Checkpointer.restore_state = save, restore_state
+"""
+ACTOR_FAULT = """
+if pid == "1":
+    real_make = ppo.make_envs
+    class Faulty:
+        def __init__(self, pool): self.pool, self.calls = pool, 0
+        def recv(self):
+            self.calls += 1
+            if self.calls == 25:  # inside the 2nd rollout (the 1st needs 17 recvs of half the pool)
+                raise RuntimeError("injected EnvPool fault in process 1")
+            return self.pool.recv()
+        def __getattr__(self, name): return getattr(self.pool, name)
+    ppo.make_envs = lambda *a, **k: Faulty(real_make(*a, **k))
+"""
+
+
+def command(patch: str = "") -> list[str]:
+    code = f"import sys\nimport sebulba.ppo_envpool as ppo\n{RECORD}\n{patch}\nsys.exit(ppo.cli(sys.argv[1:]))"
+    return [sys.executable, "-c", code]
+
+
+def start(flags: list[str], env: dict[str, str], patch: str = "") -> subprocess.Popen:
+    return subprocess.Popen([*command(patch), *flags], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            env={**os.environ, "PYTHONPATH": str(ROOT), **env})
+
+
+def finish(procs: list[subprocess.Popen], timeout: float = 240) -> list[tuple[int, str]]:
+    return [(p.communicate(timeout=timeout)[0], p.returncode)[::-1] for p in procs]
+
+
+def free_port() -> int:
+    import socket
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def lines(kind: str, pid: int) -> list[str]:
+    return Path(f"{kind}_{pid}.txt").read_text().split()
+
+
+def check_two_process_run(name: str, outputs: list[tuple[int, str]]):
+    for code, out in outputs:
+        assert code == 0, out[-3000:]
+    assert lines("params", 0) == lines("params", 1)  # the same parameters after every update
+    assert len(lines("params", 0)) == UPDATES
+    summary = json.loads(Path(f"runs/{name}/summary.json").read_text())
+    steps = sum(int(n) for pid in (0, 1) for n in lines("steps", pid))
+    assert summary["global_step"] == steps == 2 * 8 * 16 * UPDATES
+    assert [p.name for p in Path("runs").iterdir()] == [name]  # one run directory
+    assert len(list(Path(f"runs/{name}/wandb").glob("offline-run-*"))) == 1  # one W&B run
+    assert summary["params_sha256"] == lines("params", 0)[-1]
+    assert "process(es)" in outputs[0][1] and "process(es)" not in outputs[1][1]  # process 0 alone reports
+
+
+def test_two_processes_with_explicit_coordinator_share_one_learner_mesh():
+    port = free_port()
+    procs = [start([*FLAGS, *TOTAL, "--track", "--run-name", "explicit", "--coordinator-address", f"127.0.0.1:{port}",
+                    "--num-processes", "2", "--process-id", str(i)], {}) for i in range(2)]
+    check_two_process_run("explicit", finish(procs))
+
+
+def test_two_processes_from_a_slurm_step_environment():
+    job = str(random.randint(1, 10**6))
+    slurm = {"SLURM_JOB_ID": job, "SLURM_STEP_NODELIST": "127.0.0.1", "SLURM_NTASKS": "2"}
+    procs = [start([*FLAGS, *TOTAL, "--track"], {**slurm, "SLURM_PROCID": str(i), "SLURM_LOCALID": str(i)})
+             for i in range(2)]
+    check_two_process_run(f"CartPole-v1__ppo_envpool__1__slurm{job}", finish(procs))
+
+
+def test_launch_local_runs_a_save_kill_relaunch_cycle_bit_for_bit():
+    """K13: save at update 2, kill both processes, relaunch: both restore exactly the saved
+    parameters and the counters continue."""
+    launcher = [sys.executable, str(ROOT / "scripts" / "launch_local.py"), "-n", "2", "--grace-s", "30", "--"]
+    flags = [*FLAGS, *TOTAL, "--checkpoint-interval", "2", "--run-name", "relaunched"]
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    killed = subprocess.run([*launcher, *command(), *flags], env={**env, "KILL_AFTER_SAVE": "2"},
+                            capture_output=True, text=True, timeout=240)
+    assert killed.returncode == 9, killed.stdout[-3000:]
+    saved = lines("saved", 0)
+    assert saved[:1] == ["2"] and lines("saved", 1) == saved  # one checkpoint, taken by both processes
+    resumed = subprocess.run([*launcher, *command(), *flags], env=env, capture_output=True, text=True, timeout=240)
+    assert resumed.returncode == 0, resumed.stdout[-3000:]
+    assert lines("restored", 0) == lines("restored", 1) == saved  # bit for bit, on every process
+    assert "[0] resumed from" in resumed.stdout and "update 2, global step 512" in resumed.stdout
+    summary = json.loads(Path("runs/relaunched/summary.json").read_text())
+    assert summary["updates"] == UPDATES and summary["global_step"] == 2 * 8 * 16 * UPDATES
+    alone = subprocess.run([*launcher[:3], "1", *launcher[4:], *command(), *flags], env=env, capture_output=True,
+                           text=True, timeout=120)  # the global batch would change: refused
+    assert alone.returncode == 2 and "written with 2 process(es) (now 1)" in alone.stdout, alone.stdout[-2000:]
+
+
+def test_a_failure_in_one_process_ends_every_process():
+    port = free_port()
+    start_time = time.monotonic()
+    procs = [start([*FLAGS, "--total-timesteps", "100000", "--run-name", "fault", "--coordinator-address",
+                    f"127.0.0.1:{port}", "--num-processes", "2", "--process-id", str(i)], {}, ACTOR_FAULT)
+             for i in range(2)]
+    outputs = finish(procs, timeout=180)
+    seconds = time.monotonic() - start_time
+    assert outputs[1][0] == 1 and "RuntimeError: injected EnvPool fault in process 1" in outputs[1][1]
+    assert outputs[0][0] != 0, outputs[0][1][-3000:]  # process 0 did not wait forever for process 1
+    assert seconds < 120
+
+
+def test_k10_a_partial_slurm_environment_runs_as_one_process(monkeypatch, capsys):
+    for var in ("SLURM_STEP_NODELIST", "SLURM_NTASKS", "SLURM_PROCID", "SLURM_LOCALID", "JAX_COORDINATOR_ADDRESS",
+                "JAX_NUM_PROCESSES", "JAX_PROCESS_ID"):
+        monkeypatch.delenv(var, raising=False)
+    monkeypatch.setenv("SLURM_JOB_ID", "77")
+    cluster = detect_cluster(Args(distributed=True))
+    assert cluster == Cluster(slurm_job_id="77")
+    assert "running as a single process" in capsys.readouterr().out
+    monkeypatch.delenv("SLURM_JOB_ID")
+    with pytest.raises(ConfigError, match="--distributed needs a SLURM step"):
+        detect_cluster(Args(distributed=True))
+    with pytest.raises(ConfigError, match="also needs --num-processes and --process-id"):
+        detect_cluster(Args(distributed=True, coordinator_address="127.0.0.1:1234"))
+    with pytest.raises(ConfigError, match="--process-id=2 must be in 0..1"):
+        detect_cluster(Args(distributed=True, coordinator_address="h:1", num_processes=2, process_id=2))
+    with pytest.raises(ConfigError, match="same --run-name"):
+        resolve(Args(env_id="CartPole-v1", distributed=True), Cluster(2, 0, "h:1"))
+
+
+def test_global_batch_arithmetic():
+    s = resolve(Args(env_id="CartPole-v1", local_num_envs=8, num_steps=16, num_actor_threads=2,
+                     learner_device_ids=[1, 2], total_timesteps=100_000, run_name="x"), Cluster(3, 1, "h:1"))
+    assert (s.num_envs_total, s.batch_size, s.envs_per_learner) == (3 * 2 * 8, 3 * 2 * 8 * 16, 8)
+    assert s.num_actor_threads_total == 2 and s.num_updates == 100_000 // (3 * 2 * 8 * 16)
+    with pytest.raises(ConfigError, match=r"smaller than one batch \(768"):
+        resolve(Args(env_id="CartPole-v1", local_num_envs=8, num_steps=16, num_actor_threads=2,
+                     total_timesteps=500, run_name="x"), Cluster(3, 1, "h:1"))
+
+
+def test_a_stop_signal_on_one_process_stops_every_process_at_the_same_update():
+    port = free_port()
+    procs = [start([*FLAGS, "--total-timesteps", "100000", "--run-name", "signalled", "--log-frequency", "1",
+                    "--coordinator-address", f"127.0.0.1:{port}", "--num-processes", "2", "--process-id", str(i)], {})
+             for i in range(2)]
+    for line in procs[0].stdout:
+        if line.startswith("step ") and "update 3/" in line:
+            break
+    procs[1].send_signal(signal.SIGTERM)
+    outputs = finish(procs, timeout=120)
+    assert [code for code, _ in outputs] == [143, 143], outputs[0][1][-2000:] + outputs[1][1][-2000:]
+    assert "SIGTERM on another process: checkpointing and stopping" in outputs[0][1]
+    summary = json.loads(Path("runs/signalled/summary.json").read_text())
+    assert summary["interrupted_by"] == "SIGTERM"
+    assert [p.name for p in Path("runs/signalled/checkpoints").iterdir()] == [str(summary["updates"])]
+    assert lines("saved", 0) == lines("saved", 1)  # both took part in the same checkpoint
