@@ -43,9 +43,10 @@ TASKS = {
 }
 
 
-def run_sps(flags: list[str]) -> float:
+def run_sps(flags: list[str], script: str = "ppo_envpool.py") -> float:
+    """End-to-end SPS of one run of sebulba/<script> in a fresh process and directory."""
     with tempfile.TemporaryDirectory() as tmp:
-        subprocess.run([sys.executable, str(ROOT / "sebulba" / "ppo_envpool.py"), *flags, "--run-name", "bench",
+        subprocess.run([sys.executable, str(ROOT / "sebulba" / script), *flags, "--run-name", "bench",
                         "--log-frequency", "1000"], cwd=tmp, check=True, capture_output=True)
         return json.loads((Path(tmp) / "runs" / "bench" / "summary.json").read_text())["sps"]
 

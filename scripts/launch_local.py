@@ -9,7 +9,8 @@ Each process gets the coordinator in its environment: JAX_COORDINATOR_ADDRESS
 --process-id flags are not given. Output lines are prefixed with `[i]`. SIGINT / SIGTERM /
 SIGUSR1 are forwarded to every process. When one process exits non-zero, the others get
 --grace-s seconds to end on their own and are then killed, so the launcher never waits
-forever. Exit code: the first non-zero exit code of a process, else 0.
+forever. Exit code: the first non-zero exit code of a process (128 + N for one killed
+by signal N), else 0.
 """
 
 from __future__ import annotations
@@ -68,7 +69,7 @@ def launch(command: list[str], num_processes: int, grace_s: float) -> int:
         time.sleep(0.1)
     for t in relays:
         t.join(timeout=5)
-    codes = [p.returncode for p in procs]
+    codes = [128 - p.returncode if p.returncode < 0 else p.returncode for p in procs]  # killed by signal N: 128 + N
     return next((c for c in codes if c != 0), 0)
 
 

@@ -55,7 +55,7 @@ import orbax.checkpoint as ocp
 import tyro
 import wandb
 from flax.training.train_state import TrainState
-from jax.experimental.multihost_utils import process_allgather
+from jax.experimental.multihost_utils import process_allgather, sync_global_devices
 from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 from tensorboardX import SummaryWriter
@@ -146,8 +146,7 @@ class Args:
     process_id: int | None = None
     """--distributed outside SLURM: this process's index, 0 .. num_processes - 1"""
     deterministic: bool = False
-    """reproducible runs: lockstep stepping, actions from exactly params version (rollout - max policy lag), env
-    pools restarted at every checkpoint; slower (docs/reliability.md)"""
+    """bit-identical reruns and resumes: lockstep envs, exact policy versions, env restarts at checkpoints"""
 
 
 # ---------------------------------------------------------------------------
@@ -194,6 +193,10 @@ def detect_cluster(args: Args) -> Cluster:
       ConfigError: --distributed with neither SLURM nor a complete coordinator setting.
     """
     if not args.distributed:
+        given = [f for f, v in (("--coordinator-address", args.coordinator_address), ("--num-processes",
+                                 args.num_processes), ("--process-id", args.process_id)) if v is not None]
+        if given:
+            raise ConfigError(f"{', '.join(given)} only apply with --distributed; add it to join a multi-process run")
         return Cluster()
     env = os.environ
     address = args.coordinator_address or env.get("JAX_COORDINATOR_ADDRESS")
@@ -213,8 +216,9 @@ def detect_cluster(args: Args) -> Cluster:
         return Cluster(int(env["SLURM_NTASKS"]), int(env["SLURM_PROCID"]), None, env["SLURM_JOB_ID"])
     if "SLURM_JOB_ID" in env:
         missing = ", ".join(v for v in SLURM_STEP_VARS if v not in env)
+        tasks = f"; launch with srun to run all {env['SLURM_NTASKS']} tasks" if int(env.get("SLURM_NTASKS", 1)) > 1 else ""
         print(f"--distributed: SLURM_JOB_ID is set but {missing} not (a shell on an allocated node, not an srun "
-              "step): running as a single process")
+              f"step): running as a single process{tasks}")
         return Cluster(slurm_job_id=env["SLURM_JOB_ID"])
     raise ConfigError("--distributed needs a SLURM step (launch with srun) or --coordinator-address, --num-processes "
                       "and --process-id (scripts/launch_local.py sets them on one machine)")
@@ -1067,7 +1071,7 @@ def run_learner(run: Run, state: TrainState, update_fn, lr_schedule, key, episod
     checkpoint every --checkpoint-interval updates, at the end, and when preempted.
 
     Logs every --log-frequency updates (means over the window unless the name says min/max);
-    see docs/ppo_envpool.md for every metric. `episodes` holds (raw return, length) of the
+    see the script's page in docs/ for every metric. `episodes` holds (raw return, length) of the
     last 20 finished games.
     """
     args, setup, placement, queues, logger, summary = run.args, run.setup, run.placement, run.queues, run.logger, run.summary
@@ -1195,6 +1199,8 @@ def main(args: Args) -> dict:
     run_dir = Path("runs") / setup.run_name
     actor_devices, learner_devices = setup_devices(args, cluster)  # first: orbax starts the JAX backend
     meta = read_resume_meta(run_dir / "checkpoints", args, setup.num_processes)
+    if setup.num_processes > 1:  # every process has looked for a checkpoint before any creates the directory
+        sync_global_devices("sebulba: checked for a checkpoint")
     if meta is not None and meta["update"] >= setup.num_updates:
         if lead:
             print(f"{run_dir} already finished at update {meta['update']} (global step {meta['global_step']}); "
@@ -1203,6 +1209,8 @@ def main(args: Args) -> dict:
         return json.loads(summary_file.read_text()) if summary_file.exists() else {"global_step": meta["global_step"]}
     run_dir.mkdir(parents=True, exist_ok=True)
     checkpointer = Checkpointer(run_dir / "checkpoints")
+    if lead and args.deterministic and not args.checkpoint_interval:
+        print("warning: --deterministic with --checkpoint-interval 0: a stop signal leaves nothing to resume from")
     if lead:
         (run_dir / "config.json").write_text(json.dumps({"args": dataclasses.asdict(args),
                                                          "derived": dataclasses.asdict(setup)}, indent=2))
@@ -1307,8 +1315,9 @@ def main(args: Args) -> dict:
             threads[-1].join(0.2)
     finally:
         run.stop.set()
+        deadline = time.monotonic() + 10  # threads poll the stop event every 0.1 s; one stuck in native code is left
         for t in threads:
-            t.join(timeout=30)
+            t.join(timeout=max(0.0, deadline - time.monotonic()))
         for s, handler in previous.items():
             signal.signal(s, handler)
         run.logger.close()

@@ -16,8 +16,9 @@ from sebulba.ppo_envpool import Args, Cluster, ConfigError, detect_cluster, reso
 
 ROOT = Path(__file__).resolve().parents[1]
 FLAGS = ["--env-id", "CartPole-v1", "--local-num-envs", "8", "--num-steps", "16", "--num-actor-threads", "1",
-         "--hiddens", "16", "--update-epochs", "1", "--log-frequency", "2", "--actor-device-ids", "0",
-         "--learner-device-ids", "1", "--distributed"]
+         "--hiddens", "16", "--log-frequency", "2", "--actor-device-ids", "0", "--learner-device-ids", "1",
+         "--distributed"]
+SCRIPTS = ["ppo_envpool", "impala_envpool"]
 UPDATES = 4
 TOTAL = ["--total-timesteps", str(2 * 8 * 16 * UPDATES)]  # two processes x 8 envs x 16 steps per update
 
@@ -72,14 +73,14 @@ if pid == "1":
 """
 
 
-def command(patch: str = "") -> list[str]:
-    code = f"import sys\nimport sebulba.ppo_envpool as ppo\n{RECORD}\n{patch}\nsys.exit(ppo.cli(sys.argv[1:]))"
+def command(patch: str = "", script: str = "ppo_envpool") -> list[str]:
+    code = f"import sys\nimport sebulba.{script} as ppo\n{RECORD}\n{patch}\nsys.exit(ppo.cli(sys.argv[1:]))"
     return [sys.executable, "-c", code]
 
 
-def start(flags: list[str], env: dict[str, str], patch: str = "") -> subprocess.Popen:
-    return subprocess.Popen([*command(patch), *flags], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                            env={**os.environ, "PYTHONPATH": str(ROOT), **env})
+def start(flags: list[str], env: dict[str, str], patch: str = "", script: str = "ppo_envpool") -> subprocess.Popen:
+    return subprocess.Popen([*command(patch, script), *flags], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                            text=True, env={**os.environ, "PYTHONPATH": str(ROOT), **env})
 
 
 def finish(procs: list[subprocess.Popen], timeout: float = 240) -> list[tuple[int, str]]:
@@ -111,10 +112,11 @@ def check_two_process_run(name: str, outputs: list[tuple[int, str]]):
     assert "process(es)" in outputs[0][1] and "process(es)" not in outputs[1][1]  # process 0 alone reports
 
 
-def test_two_processes_with_explicit_coordinator_share_one_learner_mesh():
+@pytest.mark.parametrize("script", SCRIPTS)
+def test_two_processes_with_explicit_coordinator_share_one_learner_mesh(script):
     port = free_port()
     procs = [start([*FLAGS, *TOTAL, "--track", "--run-name", "explicit", "--coordinator-address", f"127.0.0.1:{port}",
-                    "--num-processes", "2", "--process-id", str(i)], {}) for i in range(2)]
+                    "--num-processes", "2", "--process-id", str(i)], {}, script=script) for i in range(2)]
     check_two_process_run("explicit", finish(procs))
 
 
@@ -126,33 +128,35 @@ def test_two_processes_from_a_slurm_step_environment():
     check_two_process_run(f"CartPole-v1__ppo_envpool__1__slurm{job}", finish(procs))
 
 
-def test_launch_local_runs_a_save_kill_relaunch_cycle_bit_for_bit():
+@pytest.mark.parametrize("script", SCRIPTS)
+def test_launch_local_runs_a_save_kill_relaunch_cycle_bit_for_bit(script):
     """K13: save at update 2, kill both processes, relaunch: both restore exactly the saved
     parameters and the counters continue."""
     launcher = [sys.executable, str(ROOT / "scripts" / "launch_local.py"), "-n", "2", "--grace-s", "30", "--"]
     flags = [*FLAGS, *TOTAL, "--checkpoint-interval", "2", "--run-name", "relaunched"]
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    killed = subprocess.run([*launcher, *command(), *flags], env={**env, "KILL_AFTER_SAVE": "2"},
+    killed = subprocess.run([*launcher, *command(script=script), *flags], env={**env, "KILL_AFTER_SAVE": "2"},
                             capture_output=True, text=True, timeout=240)
     assert killed.returncode == 9, killed.stdout[-3000:]
     saved = lines("saved", 0)
     assert saved[:1] == ["2"] and lines("saved", 1) == saved  # one checkpoint, taken by both processes
-    resumed = subprocess.run([*launcher, *command(), *flags], env=env, capture_output=True, text=True, timeout=240)
+    resumed = subprocess.run([*launcher, *command(script=script), *flags], env=env, capture_output=True, text=True, timeout=240)
     assert resumed.returncode == 0, resumed.stdout[-3000:]
     assert lines("restored", 0) == lines("restored", 1) == saved  # bit for bit, on every process
     assert "[0] resumed from" in resumed.stdout and "update 2, global step 512" in resumed.stdout
     summary = json.loads(Path("runs/relaunched/summary.json").read_text())
     assert summary["updates"] == UPDATES and summary["global_step"] == 2 * 8 * 16 * UPDATES
-    alone = subprocess.run([*launcher[:3], "1", *launcher[4:], *command(), *flags], env=env, capture_output=True,
+    alone = subprocess.run([*launcher[:3], "1", *launcher[4:], *command(script=script), *flags], env=env, capture_output=True,
                            text=True, timeout=120)  # the global batch would change: refused
     assert alone.returncode == 2 and "written with 2 process(es) (now 1)" in alone.stdout, alone.stdout[-2000:]
 
 
-def test_a_failure_in_one_process_ends_every_process():
+@pytest.mark.parametrize("script", SCRIPTS)
+def test_a_failure_in_one_process_ends_every_process(script):
     port = free_port()
     start_time = time.monotonic()
     procs = [start([*FLAGS, "--total-timesteps", "100000", "--run-name", "fault", "--coordinator-address",
-                    f"127.0.0.1:{port}", "--num-processes", "2", "--process-id", str(i)], {}, ACTOR_FAULT)
+                    f"127.0.0.1:{port}", "--num-processes", "2", "--process-id", str(i)], {}, ACTOR_FAULT, script)
              for i in range(2)]
     outputs = finish(procs, timeout=180)
     seconds = time.monotonic() - start_time
@@ -206,3 +210,8 @@ def test_a_stop_signal_on_one_process_stops_every_process_at_the_same_update():
     assert summary["interrupted_by"] == "SIGTERM"
     assert [p.name for p in Path("runs/signalled/checkpoints").iterdir()] == [str(summary["updates"])]
     assert lines("saved", 0) == lines("saved", 1)  # both took part in the same checkpoint
+
+
+def test_coordinator_flags_without_distributed_are_refused():
+    with pytest.raises(ConfigError, match="--num-processes, --process-id only apply with --distributed"):
+        detect_cluster(Args(num_processes=2, process_id=0))

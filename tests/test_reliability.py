@@ -1,4 +1,5 @@
-"""Supervision, stalls, signals, checkpoints and resume on real CartPole runs (case K09)."""
+"""Supervision, stalls, signals, checkpoints and resume on real CartPole runs (case K09),
+for both scripts where their code differs (the learner's queues, the update)."""
 
 import json
 import re
@@ -10,13 +11,17 @@ import threading
 import time
 from pathlib import Path
 
+import importlib
+
 import pytest
 
 import sebulba.ppo_envpool as ppo
 
 ROOT = Path(__file__).resolve().parents[1]
-SMALL = ["--env-id", "CartPole-v1", "--local-num-envs", "8", "--num-steps", "16", "--num-actor-threads", "2",
-         "--hiddens", "16", "--update-epochs", "1", "--log-frequency", "5"]
+SCRIPTS = ["ppo_envpool", "impala_envpool"]
+COMMON = ["--env-id", "CartPole-v1", "--local-num-envs", "8", "--num-steps", "16", "--num-actor-threads", "2",
+          "--hiddens", "16", "--log-frequency", "5"]
+SMALL = {"ppo_envpool": [*COMMON, "--update-epochs", "1"], "impala_envpool": COMMON}
 
 # Patches applied inside the child process before the CLI runs.
 ACTOR_FAULT = """
@@ -50,18 +55,19 @@ ppo.make_update_fn = patched
 LEARNER_STALL = LEARNER_FAULT.replace('raise RuntimeError("injected learner fault")', "time.sleep(3600)")
 
 
-def run_cli(flags, patch="", timeout=180):
-    code = f"import sys, time\nimport sebulba.ppo_envpool as ppo\n{patch}\nsys.exit(ppo.cli(sys.argv[1:]))"
+def run_cli(flags, patch="", timeout=180, script="ppo_envpool"):
+    code = f"import sys, time\nimport sebulba.{script} as ppo\n{patch}\nsys.exit(ppo.cli(sys.argv[1:]))"
     start = time.monotonic()
     out = subprocess.run([sys.executable, "-c", code, *flags], capture_output=True, text=True, timeout=timeout,
                          env={**os.environ, "PYTHONPATH": str(ROOT)})
     return out, time.monotonic() - start
 
 
+@pytest.mark.parametrize("script", SCRIPTS)
 @pytest.mark.parametrize("patch, message", [(ACTOR_FAULT, "injected EnvPool fault"),
-                                            (LEARNER_FAULT, "injected learner fault")])
-def test_k09_a_failing_thread_ends_the_run_with_its_traceback(patch, message):
-    out, seconds = run_cli(SMALL + ["--total-timesteps", "100000", "--run-name", "fault"], patch)
+                                            (LEARNER_FAULT, "injected learner fault")], ids=["actor", "learner"])
+def test_k09_a_failing_thread_ends_the_run_with_its_traceback(patch, message, script):
+    out, seconds = run_cli(SMALL[script] + ["--total-timesteps", "100000", "--run-name", "fault"], patch, script=script)
     assert out.returncode == 1, out.stderr[-2000:]
     assert "Traceback" in out.stderr and f"RuntimeError: {message}" in out.stderr
     assert out.stderr.count("Traceback") == 1  # the original, once
@@ -69,20 +75,23 @@ def test_k09_a_failing_thread_ends_the_run_with_its_traceback(patch, message):
     assert seconds < 60  # start-up and compilation included; the failure itself ends the run within seconds
 
 
-def test_a_stalled_learner_is_named_not_waited_for():
-    out, seconds = run_cli(SMALL + ["--total-timesteps", "100000", "--stall-timeout-s", "3", "--run-name", "stall"],
-                           LEARNER_STALL)
+@pytest.mark.parametrize("script", SCRIPTS)
+def test_a_stalled_learner_is_named_not_waited_for(script):
+    out, seconds = run_cli(SMALL[script] + ["--total-timesteps", "100000", "--stall-timeout-s", "3", "--run-name",
+                                            "stall"], LEARNER_STALL, script=script)
     assert out.returncode == 1
     # Whichever wait the actors hit first (queue full, or params too old) names the learner.
     assert re.search(r"StallError: actor thread \d .*the learner (stalled|stopped consuming)", out.stderr)
     assert seconds < 60
 
 
-def test_k09_a_normal_run_joins_every_thread_and_closes_every_pool(monkeypatch):
+@pytest.mark.parametrize("script", SCRIPTS)
+def test_k09_a_normal_run_joins_every_thread_and_closes_every_pool(monkeypatch, script):
+    module = importlib.import_module(f"sebulba.{script}")
     pools = []
-    real = ppo.make_envs
-    monkeypatch.setattr(ppo, "make_envs", lambda *a, **k: pools.append(real(*a, **k)) or pools[-1])
-    summary = ppo.main(ppo.Args(env_id="CartPole-v1", local_num_envs=8, num_steps=16, hiddens=(16,),
+    real = module.make_envs
+    monkeypatch.setattr(module, "make_envs", lambda *a, **k: pools.append(real(*a, **k)) or pools[-1])
+    summary = module.main(module.Args(env_id="CartPole-v1", local_num_envs=8, num_steps=16, hiddens=(16,),
                                 total_timesteps=8 * 16 * 2 * 3, run_name="clean"))
     assert summary["updates"] == 3 and "interrupted_by" not in summary
     assert len(pools) == 2 and all(p.closed for p in pools)
@@ -90,17 +99,18 @@ def test_k09_a_normal_run_joins_every_thread_and_closes_every_pool(monkeypatch):
     assert alive == []
 
 
-def start_run(flags):
-    code = "import sys\nimport sebulba.ppo_envpool as ppo\nsys.exit(ppo.cli(sys.argv[1:]))"
+def start_run(flags, script="ppo_envpool"):
+    code = f"import sys\nimport sebulba.{script} as ppo\nsys.exit(ppo.cli(sys.argv[1:]))"
     return subprocess.Popen([sys.executable, "-c", code, *flags], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                             text=True, env={**os.environ, "PYTHONPATH": str(ROOT), "PYTHONUNBUFFERED": "1"})
 
 
-@pytest.mark.parametrize("sig, code", [(signal.SIGTERM, 143), (signal.SIGINT, 130)])
-def test_a_stop_signal_checkpoints_and_the_same_command_resumes(sig, code):
+@pytest.mark.parametrize("sig, code, script", [(signal.SIGTERM, 143, "ppo_envpool"), (signal.SIGINT, 130, "ppo_envpool"),
+                                              (signal.SIGTERM, 143, "impala_envpool")])
+def test_a_stop_signal_checkpoints_and_the_same_command_resumes(sig, code, script):
     total = 8 * 16 * 2 * 200
-    flags = SMALL + ["--total-timesteps", str(total), "--checkpoint-interval", "1000", "--run-name", "preempted"]
-    proc = start_run(flags)
+    flags = SMALL[script] + ["--total-timesteps", str(total), "--checkpoint-interval", "1000", "--run-name", "preempted"]
+    proc = start_run(flags, script)
     lines = []
     for line in proc.stdout:  # wait until training is under way
         lines.append(line)
@@ -114,7 +124,7 @@ def test_a_stop_signal_checkpoints_and_the_same_command_resumes(sig, code):
     assert stopped["interrupted_by"] == sig.name and 10 <= stopped["updates"] < 200
     assert (Path("runs/preempted/checkpoints") / str(stopped["updates"])).is_dir()
 
-    out, _ = run_cli(flags)
+    out, _ = run_cli(flags, script=script)
     assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-2000:]
     assert "resumed from" in out.stdout and f"update {stopped['updates']}," in out.stdout
     done = json.loads(Path("runs/preempted/summary.json").read_text())
@@ -125,7 +135,7 @@ def test_a_stop_signal_checkpoints_and_the_same_command_resumes(sig, code):
 
 
 def test_resume_refuses_a_mismatched_or_unreadable_checkpoint():
-    flags = SMALL + ["--total-timesteps", str(8 * 16 * 2 * 2), "--run-name", "ckpt"]
+    flags = SMALL["ppo_envpool"] + ["--total-timesteps", str(8 * 16 * 2 * 2), "--run-name", "ckpt"]
     out, _ = run_cli(flags)
     assert out.returncode == 0, out.stderr[-2000:]
     out, _ = run_cli([*flags[:flags.index("--num-steps")], "--num-steps", "32", *flags[flags.index("--num-steps") + 2:]])
@@ -157,18 +167,20 @@ def test_deterministic_env_segments_restart_at_every_checkpoint_interval():
     assert ppo.env_segments(0, 10, ppo.Args(checkpoint_interval=4)) == [(0, 10)]
 
 
-def test_deterministic_runs_are_bit_identical_and_a_stopped_run_resumes_into_the_same_run():
+@pytest.mark.parametrize("script", SCRIPTS)
+def test_deterministic_runs_are_bit_identical_and_a_stopped_run_resumes_into_the_same_run(script):
     """Two runs with the same seed and layout, and a third stopped by SIGTERM between
     checkpoints and resumed (on 2 learner devices: also checks that resuming a multi-device
     CPU layout works), end with bit-identical parameters."""
     total = 8 * 16 * 2 * 24
-    flags = [*SMALL, "--total-timesteps", str(total), "--deterministic", "--checkpoint-interval", "4",
+    module = importlib.import_module(f"sebulba.{script}")
+    flags = [*SMALL[script], "--total-timesteps", str(total), "--deterministic", "--checkpoint-interval", "4",
              "--learner-device-ids", "1", "2", "--log-frequency", "1"]
-    first = ppo.main(ppo.tyro.cli(ppo.Args, args=[*flags, "--run-name", "first"]))
-    second = ppo.main(ppo.tyro.cli(ppo.Args, args=[*flags, "--run-name", "second"]))
+    first = module.main(module.tyro.cli(module.Args, args=[*flags, "--run-name", "first"]))
+    second = module.main(module.tyro.cli(module.Args, args=[*flags, "--run-name", "second"]))
     assert first["params_sha256"] == second["params_sha256"]
 
-    proc = start_run([*flags, "--run-name", "stopped"])
+    proc = start_run([*flags, "--run-name", "stopped"], script)
     lines = []
     for line in proc.stdout:
         lines.append(line)
@@ -182,11 +194,11 @@ def test_deterministic_runs_are_bit_identical_and_a_stopped_run_resumes_into_the
     resume_from = int(Path(stopped["checkpoint"]).name)
     assert resume_from % 4 == 0 and resume_from < stopped["updates"] < 24
     assert f"resumes from update {resume_from}" in rest
-    out, _ = run_cli([*flags, "--run-name", "stopped"])
+    out, _ = run_cli([*flags, "--run-name", "stopped"], script=script)
     assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-2000:]
     assert f"resumed from {Path('runs/stopped/checkpoints').absolute()}/{resume_from}:" in out.stdout
     assert json.loads(Path("runs/stopped/summary.json").read_text())["params_sha256"] == first["params_sha256"]
 
     # The checkpoint interval decides where envs restart: a deterministic run may not change it.
-    out, _ = run_cli([*flags, "--checkpoint-interval", "8", "--run-name", "first"])  # the last value counts
+    out, _ = run_cli([*flags, "--checkpoint-interval", "8", "--run-name", "first"], script=script)  # last value counts
     assert out.returncode == 2 and "--checkpoint-interval 4 (now 8)" in out.stderr

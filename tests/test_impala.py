@@ -1,0 +1,159 @@
+"""sebulba/impala_envpool.py: V-trace against rlax and hand-computed values, the IMPALA loss
+on EnvPool's episode ends (cases K05-K07), the SPMD update (K08, K11), configuration (K12),
+and real EnvPool runs (CartPole learns, Breakout on a0-l1,2,3)."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+import pytest
+import rlax
+from flax.training.train_state import TrainState
+from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+from test_learner import make_rollout  # ppo_envpool's Rollout: the same NamedTuple (tests/test_shared_blocks.py)
+
+from sebulba.impala_envpool import (Agent, Args, ConfigError, Placement, Rollout, impala_loss, main, make_update_fn,
+                                    resolve, vtrace)
+
+# The documented CartPole preset (docs/impala_envpool.md).
+CARTPOLE_PRESET = dict(env_id="CartPole-v1", total_timesteps=1_000_000, local_num_envs=32, num_steps=16,
+                       num_actor_threads=1, hiddens=(64, 64), optimizer="adam", learning_rate=5e-4)
+
+
+def col(x):
+    return jnp.asarray(x, jnp.float32)[:, None]
+
+
+def on_policy(values, rewards, terminated, truncated, gamma):
+    """V-trace with pi = mu on a single env; returns (v_s - V(x_s), pg advantages)."""
+    term, trunc = np.asarray(terminated, np.float32), np.asarray(truncated, np.float32)
+    out = vtrace(col(values), col(rewards), col(gamma * (1 - term)), col((1 - term) * (1 - trunc)),
+                 jnp.zeros((len(rewards), 1)))
+    return np.asarray(out.vs[:, 0]) - np.asarray(values[:-1]), np.asarray(out.pg_advantages[:, 0])
+
+
+def test_vtrace_hand_computed_off_policy_case():
+    # V = [1, 2, 3], r = [1, 1], gamma 0.9, pi/mu = [2, 0.5]: rho = [1, 0.5], c = [1, 0.5].
+    # delta = [1 * (1 + 1.8 - 1), 0.5 * (1 + 2.7 - 2)] = [1.8, 0.85]
+    # v_1 - V_1 = 0.85; v_0 - V_0 = 1.8 + 0.9 * 1 * 0.85 = 2.565; A_0 = 1 + 0.9 * 2.85 - 1; A_1 = 0.85
+    out = vtrace(col([1, 2, 3]), col([1, 1]), col([0.9, 0.9]), col([1, 1]), col(np.log([2.0, 0.5])))
+    np.testing.assert_allclose(out.vs[:, 0], [3.565, 2.85], atol=1e-5)
+    np.testing.assert_allclose(out.pg_advantages[:, 0], [2.565, 0.85], atol=1e-5)
+    # The same with a time limit after the first step: x_1 bootstraps from V(x_1), no trace across.
+    out = vtrace(col([1, 2, 3]), col([1, 1]), col([0.9, 0.9]), col([0, 1]), col(np.log([2.0, 0.5])))
+    np.testing.assert_allclose(out.vs[:, 0], [2.8, 2.85], atol=1e-5)
+    np.testing.assert_allclose(out.pg_advantages[:, 0], [1.8, 0.85], atol=1e-5)
+
+
+@pytest.mark.parametrize("how, expected", [("terminated", [-0.1, -1.0, 0.8]), ("truncated", [1.52, 0.8, 0.8])])
+def test_k06_termination_and_truncation_differ(how, expected):
+    # gamma 0.9, lambda 1, rewards [1, 1, 1], V = 2, the episode ends after the 2nd step; on-policy
+    # V-trace with lambda 1 gives the same targets as GAE(lambda = 1).
+    ended = [False, True, False]
+    correction, advantages = on_policy(np.full(4, 2.0), [1, 1, 1], ended if how == "terminated" else [False] * 3,
+                                       ended if how == "truncated" else [False] * 3, 0.9)
+    np.testing.assert_allclose(correction, expected, atol=1e-6)
+    np.testing.assert_allclose(advantages, expected, atol=1e-6)
+
+
+def test_k07_value_targets_are_corrections_plus_values():
+    correction, advantages = on_policy(np.zeros(3), [1, 0], [False] * 2, [False] * 2, 1.0)
+    np.testing.assert_allclose(correction, [1, 0])  # v_s = [1, 0] with V = 0
+    np.testing.assert_allclose(advantages, [1, 0])
+
+
+def test_vtrace_matches_rlax_between_episode_ends_on_random_sequences():
+    """rlax has no truncation: the oracle is rlax run separately on every piece between
+    episode ends, with discount 0 at a termination and the final observation's value
+    bootstrapping a truncation. Both ends occur mid-sequence."""
+    rng = np.random.default_rng(0)
+    T, B, gamma, lam, rho_clip = 24, 6, 0.95, 0.9, 1.3
+    values = rng.normal(size=(T + 1, B)).astype(np.float32)
+    rewards = rng.normal(size=(T, B)).astype(np.float32)
+    log_rhos = rng.normal(scale=0.7, size=(T, B)).astype(np.float32)
+    ends = rng.random((T, B)) < 0.15  # transition t ends the episode at x_{t+1}
+    terminated = ends & (rng.random((T, B)) < 0.5)
+    truncated = ends & ~terminated
+    assert terminated[:-1].any() and truncated[:-1].any()
+    discounts = gamma * (1 - terminated)
+    out = vtrace(jnp.asarray(values), jnp.asarray(rewards), jnp.asarray(discounts, jnp.float32),
+                 jnp.asarray(~ends, jnp.float32), jnp.asarray(log_rhos), rho_clip, 1.0, lam)
+    for b in range(B):
+        cuts = [0, *[t + 1 for t in range(T) if ends[t, b]], T]
+        for start, stop in zip(cuts[:-1], cuts[1:]):
+            if start == stop:
+                continue
+            s = slice(start, stop)
+            expected = rlax.vtrace_td_error_and_advantage(
+                values[s, b], values[start + 1:stop + 1, b], rewards[s, b], discounts[s, b].astype(np.float32),
+                np.exp(log_rhos[s, b]), lam, clip_rho_threshold=rho_clip, clip_pg_rho_threshold=rho_clip)
+            np.testing.assert_allclose(out.vs[s, b] - values[s, b], expected.errors, atol=1e-5)
+            np.testing.assert_allclose(out.pg_advantages[s, b], expected.pg_advantage, atol=1e-5)
+
+
+def test_k05_the_auto_reset_step_carries_no_gradient():
+    agent = Agent(num_actions=2, channels=(), hiddens=(8,), atari=False)
+    params = agent.init(jax.random.PRNGKey(0), jnp.zeros((1, 3)))
+    rollout = make_rollout(6, 1, 1.0)
+    terminated = rollout.terminated.copy()
+    terminated[3] = True  # obs_3 ends the game: transition 3 (from row 3) is EnvPool's auto-reset step
+    rollout = rollout._replace(terminated=terminated)
+    args = Args(hiddens=(8,))
+    grad = jax.grad(lambda p, r: impala_loss(p, agent.apply, r, args)[0])
+    base = grad(params, rollout)
+    actions, rewards = rollout.actions.copy(), rollout.rewards.copy()
+    actions[3], rewards[4] = 1 - actions[3], 7.0  # the ignored action and the reset step's reward
+    changed = grad(params, rollout._replace(actions=actions, rewards=rewards))
+    jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, atol=1e-6), base, changed)
+
+
+def test_k08_two_learner_devices_take_the_step_of_one_device_on_the_whole_batch():
+    """Shard 0 earns +1, shard 1 earns -1: using one device's data on both, or summing instead
+    of averaging gradients, would each give a different step."""
+    devices = jax.devices()
+    args = Args(hiddens=(8,), optimizer="adam")
+    agent = Agent(num_actions=2, channels=(), hiddens=(8,), atari=False)
+    params = agent.init(jax.random.PRNGKey(0), jnp.zeros((1, 3)))
+    batch = Rollout(*[np.concatenate(f, axis=1) for f in zip(make_rollout(5, 2, 1.0, seed=1),
+                                                             make_rollout(5, 2, -1.0, seed=2))])
+    new_params = []
+    for learners in ([devices[1]], devices[1:3]):
+        placement = Placement([devices[0]], learners)
+        state = placement.replicate(TrainState.create(apply_fn=None, params=params, tx=optax.sgd(0.1)))
+        state, _ = make_update_fn(args, agent, placement.mesh)(state, placement.to_learners([batch]), None)
+        new_params.append(jax.device_get(state.params))
+        assert all(x.sharding.device_set == set(learners) for x in jax.tree.leaves(state.params))  # K11
+    moved = jax.tree.map(lambda a, b: np.abs(a - b).max(), new_params[0], params)
+    assert max(jax.tree.leaves(moved)) > 1e-4
+    jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, atol=1e-6), new_params[0], new_params[1])
+
+
+@pytest.mark.parametrize("change, message", [
+    (dict(c_clip=2.0), r"--c-clip=2.0 must not exceed --rho-clip=1.0"),
+    (dict(optimizer="sgd"), r"--optimizer sgd: use rmsprop or adam"),
+    (dict(vtrace_lambda=1.5), r"--vtrace-lambda=1.5 must be in \(0, 1\]"),
+    (dict(rho_clip=0.0), r"--rho-clip=0.0 must be positive"),
+    (dict(local_num_envs=6, learner_device_ids=[0, 1, 2, 3]), r"not divisible by 4 learner devices; use 4 or 8"),
+])
+def test_bad_values_are_refused(change, message):
+    with pytest.raises(ConfigError, match=message):
+        resolve(Args(**{**dict(env_id="CartPole-v1", local_num_envs=8, num_steps=16, total_timesteps=10_000), **change}))
+
+
+def test_cartpole_preset_learns():
+    """The mean return of the last 20 games reaches 400 within the preset's 1M env steps and
+    the run ends far above a random policy (~20). One gradient step per batch makes IMPALA
+    need several times PPO's samples on CartPole, and its curve oscillates."""
+    summary = main(Args(**CARTPOLE_PRESET, seed=1, run_name="cartpole", log_frequency=10))
+    curve = EventAccumulator("runs/cartpole").Reload().Scalars("charts/episodic_return")
+    solved_at = next((e.step for e in curve if e.value >= 400), None)
+    assert solved_at is not None and solved_at <= 1_000_000, [(e.step, round(e.value)) for e in curve]
+    assert summary["episodic_return_mean"] >= 200
+
+
+def test_breakout_a0_l123_tiny_run_finishes(capsys):
+    summary = main(Args(env_id="Breakout-v5", actor_device_ids=[0], learner_device_ids=[1, 2, 3], num_actor_threads=1,
+                        local_num_envs=6, async_batch_size=3, num_steps=8, channels=(4, 8), hiddens=(32,),
+                        total_timesteps=6 * 8 * 3, log_frequency=1, run_name="breakout"))
+    assert summary["updates"] == 3 and summary["global_step"] == 144
+    assert "done: 144 env steps" in capsys.readouterr().out
