@@ -45,7 +45,7 @@ import uuid
 import warnings
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, NamedTuple
+from typing import Any, Literal, NamedTuple
 
 import chex
 import envpool
@@ -100,7 +100,7 @@ class Args:
     """optimizer learning rate"""
     anneal_lr: bool = True
     """anneal the learning rate linearly to 0 over the run"""
-    optimizer: str = "rmsprop"
+    optimizer: Literal["rmsprop", "adam"] = "rmsprop"
     """rmsprop (IMPALA's: decay 0.99, eps 0.01, no momentum) or adam (eps 1e-5)"""
     num_steps: int = 20
     """transitions per env in one rollout (the V-trace unroll length)"""
@@ -130,7 +130,8 @@ class Args:
     num_actor_threads: int = 2
     """actor threads per actor device, each with its own EnvPool pool"""
     max_policy_lag: int = 1
-    """bound on policy lag (learner version - version that chose the action); 0 = synchronous"""
+    """bound on policy lag (learner version - version that chose the action); 0 = synchronous; rollouts are trained
+    as they arrive, so with several actor threads a slow thread's lag can exceed it by about the thread count"""
     stall_timeout_s: float = 600.0
     """seconds without a rollout or a parameter update before the run fails as stalled"""
     checkpoint_interval: int = 100
@@ -249,13 +250,13 @@ def resolve(args: Args, cluster: Cluster = Cluster()) -> Setup:
     for name in ("local_num_envs", "num_steps", "num_actor_threads", "total_timesteps", "log_frequency"):
         if getattr(args, name) <= 0:
             raise ConfigError(f"--{name.replace('_', '-')}={getattr(args, name)} must be positive")
-    for name in ("learning_rate", "stall_timeout_s", "rho_clip", "c_clip"):
+    for name in ("learning_rate", "stall_timeout_s", "max_grad_norm", "rho_clip", "c_clip"):
         if not getattr(args, name) > 0:
             raise ConfigError(f"--{name.replace('_', '-')}={getattr(args, name)} must be positive")
     for name in ("gamma", "vtrace_lambda"):
         if not 0 < getattr(args, name) <= 1:
             raise ConfigError(f"--{name.replace('_', '-')}={getattr(args, name)} must be in (0, 1]")
-    for name in ("max_policy_lag", "checkpoint_interval"):
+    for name in ("max_policy_lag", "checkpoint_interval", "ent_coef", "vf_coef"):
         if getattr(args, name) < 0:
             raise ConfigError(f"--{name.replace('_', '-')}={getattr(args, name)} must be >= 0")
     if not args.actor_device_ids or not args.learner_device_ids:
@@ -355,20 +356,25 @@ def setup_devices(args: Args, cluster: Cluster = Cluster()) -> tuple[list[jax.De
 # Environments.
 
 
-def make_envs(args: Args, num_envs: int, batch_size: int, seed: int, num_threads: int):
-    """EnvPool pool in async mode when batch_size < num_envs.
+def env_settings(args: Args) -> dict[str, Any]:
+    """EnvPool settings of the training protocol, for `make_envs` and for the spec that sizes
+    the network (Atari's full action space has 18 actions, the default spec fewer).
 
     Atari follows the Machado et al. (2018) evaluation protocol: sticky actions (p=0.25),
     full action space, no life-loss signal unless --episodic-life, 108k-frame (27k-step)
     limit, no no-op starts beyond EnvPool's minimum. Rewards come back raw; clipping for
     training happens in `RolloutAssembler` so the raw game score stays available.
     """
-    kwargs: dict[str, Any] = {}
-    if is_atari(args.env_id):
-        kwargs = dict(episodic_life=args.episodic_life, reward_clip=False, repeat_action_probability=0.25,
-                      full_action_space=True, max_episode_steps=27_000, noop_max=1)
+    if not is_atari(args.env_id):
+        return {}
+    return dict(episodic_life=args.episodic_life, reward_clip=False, repeat_action_probability=0.25,
+                full_action_space=True, max_episode_steps=27_000, noop_max=1)
+
+
+def make_envs(args: Args, num_envs: int, batch_size: int, seed: int, num_threads: int):
+    """EnvPool pool with the training protocol's settings, in async mode when batch_size < num_envs."""
     return envpool.make(args.env_id, env_type="gymnasium", num_envs=num_envs, batch_size=batch_size,
-                        seed=seed, num_threads=num_threads, **kwargs)
+                        seed=seed, num_threads=num_threads, **env_settings(args))
 
 
 # ---------------------------------------------------------------------------
@@ -521,7 +527,7 @@ def impala_loss(params, apply_fn, rollout, args):
     entropy = masked_mean(-jnp.sum(jnp.exp(logp_all) * logp_all, axis=-1), mask)
     loss = pg_loss - args.ent_coef * entropy + args.vf_coef * v_loss
     metrics = dict(policy_loss=pg_loss, value_loss=v_loss, entropy=entropy,
-                   rho_mean=masked_mean(targets.rhos, mask),
+                   approx_kl=masked_mean(-(logprobs - rollout.logprobs[:-1]), mask),
                    rho_clipfrac=masked_mean((targets.rhos > args.rho_clip).astype(jnp.float32), mask))
     return loss, metrics
 
@@ -1177,7 +1183,7 @@ def main(args: Args) -> dict:
               f"{setup.num_updates} updates")
 
     atari = is_atari(args.env_id)
-    spec = envpool.make_spec(args.env_id)
+    spec = envpool.make_spec(args.env_id, **env_settings(args))
     obs_space, num_actions = spec.observation_space, spec.action_space.n
     agent = Agent(num_actions, tuple(args.channels), tuple(args.hiddens), atari)
     key = jax.random.PRNGKey(args.seed)

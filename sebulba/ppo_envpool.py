@@ -252,13 +252,13 @@ def resolve(args: Args, cluster: Cluster = Cluster()) -> Setup:
                  "update_epochs", "num_actor_threads", "total_timesteps", "log_frequency"):
         if getattr(args, name) <= 0:
             raise ConfigError(f"--{name.replace('_', '-')}={getattr(args, name)} must be positive")
-    for name in ("learning_rate", "stall_timeout_s"):
+    for name in ("learning_rate", "stall_timeout_s", "max_grad_norm"):
         if not getattr(args, name) > 0:
             raise ConfigError(f"--{name.replace('_', '-')}={getattr(args, name)} must be positive")
     for name in ("gamma", "gae_lambda"):
         if not 0 < getattr(args, name) <= 1:
             raise ConfigError(f"--{name.replace('_', '-')}={getattr(args, name)} must be in (0, 1]")
-    for name in ("max_policy_lag", "checkpoint_interval"):
+    for name in ("max_policy_lag", "checkpoint_interval", "ent_coef", "vf_coef"):
         if getattr(args, name) < 0:
             raise ConfigError(f"--{name.replace('_', '-')}={getattr(args, name)} must be >= 0")
     if not args.actor_device_ids or not args.learner_device_ids:
@@ -360,20 +360,25 @@ def setup_devices(args: Args, cluster: Cluster = Cluster()) -> tuple[list[jax.De
 # Environments.
 
 
-def make_envs(args: Args, num_envs: int, batch_size: int, seed: int, num_threads: int):
-    """EnvPool pool in async mode when batch_size < num_envs.
+def env_settings(args: Args) -> dict[str, Any]:
+    """EnvPool settings of the training protocol, for `make_envs` and for the spec that sizes
+    the network (Atari's full action space has 18 actions, the default spec fewer).
 
     Atari follows the Machado et al. (2018) evaluation protocol: sticky actions (p=0.25),
     full action space, no life-loss signal unless --episodic-life, 108k-frame (27k-step)
     limit, no no-op starts beyond EnvPool's minimum. Rewards come back raw; clipping for
     training happens in `RolloutAssembler` so the raw game score stays available.
     """
-    kwargs: dict[str, Any] = {}
-    if is_atari(args.env_id):
-        kwargs = dict(episodic_life=args.episodic_life, reward_clip=False, repeat_action_probability=0.25,
-                      full_action_space=True, max_episode_steps=27_000, noop_max=1)
+    if not is_atari(args.env_id):
+        return {}
+    return dict(episodic_life=args.episodic_life, reward_clip=False, repeat_action_probability=0.25,
+                full_action_space=True, max_episode_steps=27_000, noop_max=1)
+
+
+def make_envs(args: Args, num_envs: int, batch_size: int, seed: int, num_threads: int):
+    """EnvPool pool with the training protocol's settings, in async mode when batch_size < num_envs."""
     return envpool.make(args.env_id, env_type="gymnasium", num_envs=num_envs, batch_size=batch_size,
-                        seed=seed, num_threads=num_threads, **kwargs)
+                        seed=seed, num_threads=num_threads, **env_settings(args))
 
 
 # ---------------------------------------------------------------------------
@@ -1223,7 +1228,7 @@ def main(args: Args) -> dict:
               f"{setup.num_updates} updates")
 
     atari = is_atari(args.env_id)
-    spec = envpool.make_spec(args.env_id)
+    spec = envpool.make_spec(args.env_id, **env_settings(args))
     obs_space, num_actions = spec.observation_space, spec.action_space.n
     agent = Agent(num_actions, tuple(args.channels), tuple(args.hiddens), atari)
     key = jax.random.PRNGKey(args.seed)

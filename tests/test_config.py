@@ -31,6 +31,8 @@ def test_k12_envs_not_divisible_by_learners_names_nearest_values():
     (dict(max_policy_lag=-1), r"--max-policy-lag=-1 must be >= 0"),
     (dict(learner_device_ids=[1, 1]), r"ids must be distinct"),
     (dict(deterministic=True, async_batch_size=4), r"--deterministic steps every env in lockstep"),
+    (dict(max_grad_norm=0.0), r"--max-grad-norm=0.0 must be positive"),
+    (dict(vf_coef=-0.5), r"--vf-coef=-0.5 must be >= 0"),
 ])
 def test_bad_values_are_refused(change, message):
     with pytest.raises(ConfigError, match=message):

@@ -16,8 +16,9 @@ from sebulba.impala_envpool import (Agent, Args, ConfigError, Placement, Rollout
                                     resolve, vtrace)
 
 # The documented CartPole preset (docs/impala_envpool.md).
-CARTPOLE_PRESET = dict(env_id="CartPole-v1", total_timesteps=1_000_000, local_num_envs=32, num_steps=16,
-                       num_actor_threads=1, hiddens=(64, 64), optimizer="adam", learning_rate=5e-4)
+CARTPOLE_PRESET = dict(env_id="CartPole-v1", total_timesteps=200_000, local_num_envs=8, num_steps=8,
+                       num_actor_threads=1, hiddens=(64, 64), optimizer="adam", learning_rate=7e-4, ent_coef=0.0,
+                       max_grad_norm=0.5)
 
 
 def col(x):
@@ -141,10 +142,11 @@ def test_bad_values_are_refused(change, message):
 
 
 def test_cartpole_preset_learns():
-    """The mean return of the last 20 games reaches 400 within the preset's 1M env steps and
-    the run ends far above a random policy (~20). One gradient step per batch makes IMPALA
-    need several times PPO's samples on CartPole, and its curve oscillates."""
-    summary = main(Args(**CARTPOLE_PRESET, seed=1, run_name="cartpole", log_frequency=10))
+    """The mean return of the last 20 games reaches 400 within 1M env steps (the preset runs
+    200k) and the run ends far above a random policy (~20). --deterministic makes the run the
+    same every time on one machine and software (measured: 400 at 56k, 343 at the end; the
+    curve oscillates between ~250 and 500 after solving); the margins are for other CPUs."""
+    summary = main(Args(**CARTPOLE_PRESET, seed=1, deterministic=True, run_name="cartpole", log_frequency=10))
     curve = EventAccumulator("runs/cartpole").Reload().Scalars("charts/episodic_return")
     solved_at = next((e.step for e in curve if e.value >= 400), None)
     assert solved_at is not None and solved_at <= 1_000_000, [(e.step, round(e.value)) for e in curve]
