@@ -137,8 +137,8 @@ class Args:
     checkpoint_interval: int = 100
     """save a checkpoint every this many updates (also at the end and on SIGINT/SIGTERM/SIGUSR1); 0 = only then"""
     distributed: bool = False
-    """join a multi-process run (jax.distributed): under SLURM (srun) all is detected; elsewhere give the next
-    three flags (or JAX_COORDINATOR_ADDRESS, JAX_NUM_PROCESSES, JAX_PROCESS_ID; docs/distributed.md)"""
+    """join a multi-process run (jax.distributed); an srun step is detected, elsewhere also give --coordinator-address,
+    --num-processes and --process-id or JAX_COORDINATOR_ADDRESS, JAX_NUM_PROCESSES, JAX_PROCESS_ID"""
     coordinator_address: str | None = None
     """--distributed outside SLURM: host:port where process 0 runs the coordinator"""
     num_processes: int | None = None
