@@ -131,7 +131,8 @@ class Args:
     num_actor_threads: int = 2
     """actor threads per actor device, each with its own EnvPool pool"""
     max_policy_lag: int = 1
-    """bound on policy lag (learner version - version that chose the action); 0 = synchronous"""
+    """bound on policy lag (learner version - version that chose the action); 0 = synchronous: lockstep envs and
+    actors that wait for every update (CleanRL-style alternation, the baseline of benchmark/e2e.py)"""
     stall_timeout_s: float = 600.0
     """seconds without a rollout or a parameter update before the run fails as stalled"""
     checkpoint_interval: int = 100
@@ -273,10 +274,12 @@ def resolve(args: Args, cluster: Cluster = Cluster()) -> Setup:
     if envpool.make_spec(args.env_id).action_space.__class__.__name__ != "Discrete":
         raise ConfigError(f"--env-id {args.env_id} has continuous actions; this script supports discrete tasks")
     n = args.local_num_envs
-    if args.deterministic and args.async_batch_size not in (None, n):
-        raise ConfigError(f"--deterministic steps every env in lockstep: drop --async-batch-size or set it to "
+    lockstep = args.deterministic or args.max_policy_lag == 0  # every env in every recv
+    if lockstep and args.async_batch_size not in (None, n):
+        mode = "--deterministic" if args.deterministic else "--max-policy-lag 0 (synchronous)"
+        raise ConfigError(f"{mode} steps every env in lockstep: drop --async-batch-size or set it to "
                           f"--local-num-envs={n}")
-    async_batch = args.async_batch_size if args.async_batch_size is not None else n if args.deterministic else max(1, n // 2)
+    async_batch = args.async_batch_size if args.async_batch_size is not None else n if lockstep else max(1, n // 2)
     if not 0 < async_batch <= n or n % async_batch:
         raise ConfigError(f"--async-batch-size={async_batch} must divide --local-num-envs={n}; "
                           f"use one of {[d for d in range(1, n + 1) if n % d == 0]}")

@@ -1,11 +1,17 @@
 """Rollout assembly per env id, episode accounting and masking (cases K01-K05)."""
 
+import queue
+import threading
+import time
+
 import jax
 import jax.numpy as jnp
 import numpy as np
+import pytest
 
 from fake_envpool import ScriptedPool, drive_actor
-from sebulba.ppo_envpool import RolloutAssembler, normalize_advantages, prepare_transitions
+from sebulba.ppo_envpool import (Agent, Args, ParamsSlot, RolloutAssembler, make_policy_fn, normalize_advantages,
+                                 prepare_transitions, run_actor)
 
 
 def round_robin(num_envs, batch_size, n):
@@ -109,3 +115,40 @@ def test_envs_running_ahead_write_into_the_next_rollout():
     second = out[1][0]
     np.testing.assert_array_equal(second.obs[:, 0, 0], [2, 3, 4])  # its row 0 is the last row of rollout 0
     np.testing.assert_array_equal(second.obs[:, 1, 0], [12, 13, 14])
+
+
+@pytest.mark.parametrize("max_policy_lag", [0, 1])
+def test_policy_lag_stays_within_the_bound_and_zero_means_synchronous(max_policy_lag):
+    """The real actor loop against a learner thread that publishes version u + 1 after taking
+    rollout u: the lag of every transition (u - version that chose it) obeys the bound; with 0
+    the actor steps no env for rollout g beyond its first action until version g exists."""
+    num_envs, num_steps, num_rollouts = 2, 3, 4
+    pool = ScriptedPool([[0, 1]] * 100, num_envs)
+    agent = Agent(num_actions=3, channels=(), hiddens=(8,), atari=False)
+    device = jax.devices()[0]
+    slot = ParamsSlot()
+    slot.publish(0, {device: agent.init(jax.random.PRNGKey(0), jnp.zeros((1, 3)))})
+    rollouts: queue.Queue = queue.Queue(maxsize=1)
+    lags, recvs_at_publish = [], []
+
+    def learner():
+        for update in range(num_rollouts):
+            rollout, *_ = rollouts.get(timeout=10)
+            lags.append(update - rollout.versions[:-1])
+            time.sleep(0.05)  # an update takes time; a synchronous actor must wait it out
+            recvs_at_publish.append(pool.calls)
+            slot.publish(update + 1, slot.wait(0, threading.Event(), 1, "test")[1])
+
+    thread = threading.Thread(target=learner)
+    thread.start()
+    assembler = RolloutAssembler(num_envs, num_steps, (3,), np.float32, clip_rewards=False, episodic_life=False)
+    run_actor(pool, make_policy_fn(agent), device, jax.random.PRNGKey(1), slot, rollouts, assembler, num_rollouts,
+              Args(stall_timeout_s=5, max_policy_lag=max_policy_lag), num_envs, threading.Event(), "actor")
+    thread.join(timeout=10)
+    lags = np.stack(lags)  # [update, step, env]
+    assert lags.max() <= max(max_policy_lag, 1)
+    if max_policy_lag == 0:
+        # Row 0's action is chosen on the recv that completes the previous rollout, before its update.
+        assert (lags[:, 1:] == 0).all() and (lags[1:, 0] == 1).all()
+        # Rollout g takes recvs g*T+1 .. (g+1)*T+1; during update g only its first action is in flight.
+        assert recvs_at_publish[:-1] == [(g + 1) * num_steps + 2 for g in range(num_rollouts - 1)]

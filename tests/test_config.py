@@ -31,6 +31,7 @@ def test_k12_envs_not_divisible_by_learners_names_nearest_values():
     (dict(max_policy_lag=-1), r"--max-policy-lag=-1 must be >= 0"),
     (dict(learner_device_ids=[1, 1]), r"ids must be distinct"),
     (dict(deterministic=True, async_batch_size=4), r"--deterministic steps every env in lockstep"),
+    (dict(max_policy_lag=0, async_batch_size=4), r"--max-policy-lag 0 \(synchronous\) steps every env in lockstep"),
     (dict(max_grad_norm=0.0), r"--max-grad-norm=0.0 must be positive"),
     (dict(vf_coef=-0.5), r"--vf-coef=-0.5 must be >= 0"),
 ])
@@ -52,6 +53,7 @@ def test_batch_arithmetic():
     assert s.envs_per_learner == 16 and s.minibatch_size == 16 * 16 // 4
     assert s.num_updates == 10_000 // 512 and s.async_batch_size == 4
     assert resolve(Args(**CARTPOLE, deterministic=True)).async_batch_size == 8  # lockstep: the whole pool
+    assert resolve(Args(**CARTPOLE, max_policy_lag=0)).async_batch_size == 8
 
 
 def run_cli(*flags):
