@@ -875,6 +875,18 @@ def host(x) -> np.ndarray:
     return np.asarray(x.addressable_data(0))
 
 
+def make_train_state(args: Args, setup: Setup, params, placement: Placement):
+    """The learner's TrainState (RMSProp as in IMPALA, decay 0.99 and eps 0.01, or Adam; after
+    global-norm clipping) replicated over the learner mesh, and its learning-rate schedule
+    (linear to 0 over the updates with --anneal-lr)."""
+    lr_schedule = optax.linear_schedule(args.learning_rate, 0.0 if args.anneal_lr else args.learning_rate,
+                                        setup.num_updates)
+    optimizer = (optax.rmsprop(lr_schedule, decay=0.99, eps=0.01) if args.optimizer == "rmsprop"
+                 else optax.adam(lr_schedule, eps=1e-5))
+    tx = optax.chain(optax.clip_by_global_norm(args.max_grad_norm), optimizer)
+    return placement.replicate(TrainState.create(apply_fn=None, params=params, tx=tx)), lr_schedule
+
+
 def make_update_fn(args: Args, agent: Agent, mesh: Mesh):
     """IMPALA update over the learner mesh: (TrainState, Rollout [T+1, envs] sharded on the env
     axis, key) -> (TrainState, metrics dict of scalars).
@@ -1192,12 +1204,7 @@ def main(args: Args) -> dict:
     key, init_key, learner_key, actor_root = jax.random.split(key, 4)
     placement = Placement(actor_devices, learner_devices)
     params = agent.init(init_key, np.zeros((1,) + obs_space.shape, obs_space.dtype))
-    lr_schedule = optax.linear_schedule(args.learning_rate, 0.0 if args.anneal_lr else args.learning_rate,
-                                        setup.num_updates)
-    optimizer = (optax.rmsprop(lr_schedule, decay=0.99, eps=0.01) if args.optimizer == "rmsprop"
-                 else optax.adam(lr_schedule, eps=1e-5))
-    tx = optax.chain(optax.clip_by_global_norm(args.max_grad_norm), optimizer)
-    state = placement.replicate(TrainState.create(apply_fn=None, params=params, tx=tx))
+    state, lr_schedule = make_train_state(args, setup, params, placement)
     start_update, wandb_id, episodes = 0, uuid.uuid4().hex[:12] if args.track else None, []
     if meta is not None:
         start_update, wandb_id, episodes = meta["update"], meta["wandb_id"] or wandb_id, meta["episodes"]

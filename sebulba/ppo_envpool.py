@@ -885,6 +885,15 @@ def prepare_transitions(rollout: Rollout, gamma: float, gae_lambda: float) -> Mi
                      mask.astype(jnp.float32))
 
 
+def make_train_state(args: Args, setup: Setup, params, placement: Placement):
+    """The learner's TrainState (Adam after global-norm clipping) replicated over the learner
+    mesh, and its learning-rate schedule (linear to 0 over every minibatch step with --anneal-lr)."""
+    lr_schedule = optax.linear_schedule(args.learning_rate, 0.0 if args.anneal_lr else args.learning_rate,
+                                        setup.num_updates * args.update_epochs * args.num_minibatches)
+    tx = optax.chain(optax.clip_by_global_norm(args.max_grad_norm), optax.adam(lr_schedule, eps=1e-5))
+    return placement.replicate(TrainState.create(apply_fn=None, params=params, tx=tx)), lr_schedule
+
+
 def make_update_fn(args: Args, agent: Agent, mesh: Mesh):
     """PPO update over the learner mesh: (TrainState, Rollout [T+1, envs] sharded on the env
     axis, key) -> (TrainState, metrics dict of scalars).
@@ -1238,10 +1247,7 @@ def main(args: Args) -> dict:
     key, init_key, learner_key, actor_root = jax.random.split(key, 4)
     placement = Placement(actor_devices, learner_devices)
     params = agent.init(init_key, np.zeros((1,) + obs_space.shape, obs_space.dtype))
-    lr_schedule = optax.linear_schedule(args.learning_rate, 0.0 if args.anneal_lr else args.learning_rate,
-                                        setup.num_updates * args.update_epochs * args.num_minibatches)
-    tx = optax.chain(optax.clip_by_global_norm(args.max_grad_norm), optax.adam(lr_schedule, eps=1e-5))
-    state = placement.replicate(TrainState.create(apply_fn=None, params=params, tx=tx))
+    state, lr_schedule = make_train_state(args, setup, params, placement)
     start_update, wandb_id, episodes = 0, uuid.uuid4().hex[:12] if args.track else None, []
     if meta is not None:
         start_update, wandb_id, episodes = meta["update"], meta["wandb_id"] or wandb_id, meta["episodes"]

@@ -6,7 +6,7 @@ from pathlib import Path
 
 SCRIPTS = Path(__file__).resolve().parents[1] / "sebulba"
 # Algorithm-specific on purpose: hyperparameters, their checks, the loss and update, wiring.
-DIFFERENT = {"Args", "Setup", "resolve", "make_update_fn", "main"}
+DIFFERENT = {"Args", "Setup", "resolve", "make_train_state", "make_update_fn", "main"}
 
 
 def blocks(path: Path) -> dict[str, str]:
