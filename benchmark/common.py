@@ -1,0 +1,228 @@
+"""Shared pieces of the benchmark suite: machine description, CPU sampling, runs of the real
+scripts in fresh processes with timestamped console lines, statistics.
+
+Nothing here imports JAX, so a benchmark can choose its device count before JAX starts.
+"""
+
+from __future__ import annotations
+
+import datetime
+import importlib.metadata
+import json
+import os
+import platform
+import re
+import resource
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import warnings
+from pathlib import Path
+
+import psutil
+
+warnings.filterwarnings("ignore", module="gymnasium")
+
+ROOT = Path(__file__).resolve().parents[1]
+RESULTS = ROOT / "benchmark" / "results"
+# The scripts' console line, one per --log-frequency updates.
+LINE = re.compile(r"^step\s+(\d+) \| update (\d+)/(\d+) \| sps\s+(\d+) \| return\s+(\S+)")
+
+# The README presets: the learning-curve and time-to-solve runs use them unchanged.
+PPO_CARTPOLE = ["--env-id", "CartPole-v1", "--total-timesteps", "100000", "--local-num-envs", "8", "--num-steps",
+                "32", "--num-actor-threads", "1", "--hiddens", "64", "64", "--num-minibatches", "1",
+                "--update-epochs", "20", "--learning-rate", "1e-3", "--gamma", "0.98", "--gae-lambda", "0.8",
+                "--clip-coef", "0.2", "--ent-coef", "0.0"]
+IMPALA_CARTPOLE = ["--env-id", "CartPole-v1", "--total-timesteps", "200000", "--local-num-envs", "8", "--num-steps",
+                   "8", "--num-actor-threads", "1", "--hiddens", "64", "64", "--optimizer", "adam",
+                   "--learning-rate", "7e-4", "--ent-coef", "0.0", "--max-grad-norm", "0.5"]
+# Breakout as in the performance issue: 12 envs per thread, 32 steps, 4 minibatches x 4 epochs,
+# IMPALA ResNet 16-32-32/256 (the script's Atari defaults otherwise).
+PPO_BREAKOUT = ["--env-id", "Breakout-v5", "--num-actor-threads", "1", "--local-num-envs", "12", "--num-steps", "32",
+                "--num-minibatches", "4", "--update-epochs", "4"]
+# CartPole for throughput: one thread x 48 envs (recv batch 24), 32 steps, MLP 64-64, PPO's
+# 4 minibatches x 4 epochs: 1,536 env steps per update, divisible over 1, 2 or 3 learner devices.
+PPO_CARTPOLE_THROUGHPUT = ["--env-id", "CartPole-v1", "--num-actor-threads", "1", "--local-num-envs", "48",
+                           "--num-steps", "32", "--hiddens", "64", "64"]
+LAYOUTS = {"a0-l0": [0], "a0-l1": [1], "a0-l1,2": [1, 2], "a0-l1,2,3": [1, 2, 3]}
+# The configurations benchmark/stages.py and benchmark/e2e.py measure; `updates` per e2e run
+# (rates exclude the first, which compiles); `quick`: part of --quick.
+# `main_layout`: where the IMPALA and --deterministic variants are measured too.
+TASKS = {
+    "CartPole-v1": {"flags": PPO_CARTPOLE_THROUGHPUT, "layouts": LAYOUTS, "main_layout": "a0-l0", "updates": 30,
+                    "quick": True},
+    "Breakout-v5": {"flags": PPO_BREAKOUT, "layouts": {k: LAYOUTS[k] for k in ("a0-l0", "a0-l1,2,3")},
+                    "main_layout": "a0-l1,2,3", "updates": 3, "quick": False},
+}
+PPO_ONLY_FLAGS = ("--num-minibatches", "--update-epochs")  # dropped from a task's flags for the IMPALA script
+
+
+def impala_flags(flags: list[str]) -> list[str]:
+    """A PPO task's flags for sebulba/impala_envpool.py: the same actors and batch; one V-trace step per batch."""
+    out, skip = [], 0
+    for flag in flags:
+        if skip:
+            skip -= 1
+        elif flag in PPO_ONLY_FLAGS:
+            skip = 1
+        else:
+            out.append(flag)
+    return out
+
+
+def machine() -> dict:
+    """CPU model, cores, GPUs (nvidia-smi), Python and library versions, date."""
+    cpu = platform.processor() or "unknown"
+    if Path("/proc/cpuinfo").exists():
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    gpus = []
+    if shutil.which("nvidia-smi"):
+        out = subprocess.run(["nvidia-smi", "--query-gpu=name,memory.total", "--format=csv,noheader"],
+                             capture_output=True, text=True, check=False)
+        gpus = [g.strip() for g in out.stdout.splitlines() if g.strip()]
+    versions = {}
+    for package in ("jax", "jaxlib", "flax", "optax", "envpool", "gymnasium", "ale-py", "numpy"):
+        try:
+            versions[package] = importlib.metadata.version(package)
+        except importlib.metadata.PackageNotFoundError:
+            versions[package] = None
+    return {"cpu": cpu, "cores": os.cpu_count(), "memory_gib": round(psutil.virtual_memory().total / 2**30, 1),
+            "gpus": gpus, "python": platform.python_version(), "versions": versions,
+            "date": datetime.date.today().isoformat()}
+
+
+def spread(values: list[float]) -> dict:
+    """Median, min and max of repeated measurements (None entries, e.g. unsolved runs, excluded)."""
+    values = [v for v in values if v is not None]
+    if not values:
+        return {"median": None, "min": None, "max": None, "n": 0}
+    return {"median": statistics.median(values), "min": min(values), "max": max(values), "n": len(values)}
+
+
+class CpuSampler:
+    """Per-core CPU utilisation of the whole machine (percent, 0-100 per core), sampled every
+    `period` seconds in a background thread while the `with` block runs; with `watch` set to
+    a psutil.Process, also the peak resident memory (bytes) of that process and its children."""
+
+    def __init__(self, period: float = 0.5):
+        self.period = period
+        self.samples: list[tuple[float, list[float]]] = []  # (seconds since start, per-core %)
+        self.watch: psutil.Process | None = None
+        self.peak_rss = 0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def _rss(self) -> int:
+        try:
+            return sum(p.memory_info().rss for p in [self.watch, *self.watch.children(recursive=True)])
+        except psutil.Error:  # the process is gone
+            return 0
+
+    def _run(self):
+        psutil.cpu_percent(percpu=True)  # the first call only starts the interval
+        start = time.perf_counter()
+        while not self._stop.wait(self.period):
+            self.samples.append((time.perf_counter() - start, psutil.cpu_percent(percpu=True)))
+            if self.watch is not None:
+                self.peak_rss = max(self.peak_rss, self._rss())
+
+    def __enter__(self):
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc):
+        self._stop.set()
+        self._thread.join()
+
+    def per_core_mean(self) -> list[float]:
+        if not self.samples:
+            return []
+        return [statistics.fmean(s[1][c] for s in self.samples) for c in range(len(self.samples[0][1]))]
+
+    def series(self) -> list[tuple[float, float]]:
+        """(seconds, mean utilisation over cores in percent) per sample."""
+        return [(t, statistics.fmean(cores)) for t, cores in self.samples]
+
+
+def run_script(script: str, flags: list[str], stop_at_return: float | None = None, timeout: float = 900) -> dict:
+    """Run `python sebulba/<script> <flags> --log-frequency 1` in a fresh process and directory.
+
+    Returns the run's summary.json, every console line as (seconds since launch, global step,
+    update, episodic return or None), the machine's CPU utilisation over time, the child's
+    CPU-seconds (user + system), its peak resident memory (sampled every 0.5 s) and the
+    wall-clock seconds. With `stop_at_return` the run is
+    sent SIGTERM at the first line whose return reaches it (it checkpoints and exits 143).
+
+    Raises:
+      RuntimeError: the run failed (its output is included).
+    """
+    lines, output = [], []
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
+    with tempfile.TemporaryDirectory() as tmp, CpuSampler() as cpu:
+        start = time.perf_counter()
+        proc = subprocess.Popen([sys.executable, str(ROOT / "sebulba" / script), *flags, "--run-name", "bench",
+                                 "--log-frequency", "1"], cwd=tmp, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                text=True)
+        cpu.watch = psutil.Process(proc.pid)
+        timer = threading.Timer(timeout, proc.kill)
+        timer.start()
+        for text in proc.stdout:
+            output.append(text)
+            match = LINE.match(text)
+            if match:
+                ret = None if match[5] == "n/a" else float(match[5])
+                lines.append((time.perf_counter() - start, int(match[1]), int(match[2]), ret))
+                if stop_at_return is not None and ret is not None and ret >= stop_at_return and proc.poll() is None:
+                    proc.terminate()
+        code = proc.wait()
+        timer.cancel()
+        wall = time.perf_counter() - start
+        summary_file = Path(tmp) / "runs" / "bench" / "summary.json"
+        if code not in (0, 143) or not summary_file.exists():
+            raise RuntimeError(f"{script} {' '.join(flags)} exited {code}:\n{''.join(output[-40:])}")
+        summary = json.loads(summary_file.read_text())
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    cpu_s = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
+    return {"summary": summary, "lines": lines, "cpu_series": cpu.series(), "cpu_per_core": cpu.per_core_mean(),
+            "cpu_s": cpu_s, "wall_s": wall, "peak_rss_bytes": cpu.peak_rss}
+
+
+def steady_rates(lines: list[tuple], skip: int = 1) -> tuple[float, float]:
+    """(env steps/s, updates/s) between the console line after the first `skip` updates and the
+    last one: compilation and start-up excluded. Needs a line per update (--log-frequency 1).
+
+    Raises:
+      ValueError: fewer than skip + 2 lines (nothing to measure between).
+    """
+    if len(lines) < skip + 2:
+        raise ValueError(f"{len(lines)} console lines: need at least {skip + 2} updates to measure a steady rate")
+    (t0, s0, u0, _), (t1, s1, u1, _) = lines[skip], lines[-1]
+    return (s1 - s0) / (t1 - t0), (u1 - u0) / (t1 - t0)
+
+
+def time_to_return(lines: list[tuple], threshold: float) -> tuple[float, int] | tuple[None, None]:
+    """(seconds since launch, global step) of the first console line whose return >= threshold."""
+    for t, step, _, ret in lines:
+        if ret is not None and ret >= threshold:
+            return t, step
+    return None, None
+
+
+def work_conserving_limit(cores: int, cpu_s_per_step: dict[str, float]) -> float:
+    """Env steps/s the machine could reach if every core were busy with nothing but the
+    measured work: cores / (sum of CPU-seconds per env step of each stage)."""
+    return cores / sum(cpu_s_per_step.values())
+
+
+def save(name: str, data: dict, out_dir: Path = RESULTS) -> Path:
+    out_dir.mkdir(parents=True, exist_ok=True)
+    path = out_dir / f"{name}.json"
+    path.write_text(json.dumps({"machine": machine(), **data}, indent=2))
+    return path

@@ -1,0 +1,107 @@
+"""End-to-end throughput of sebulba/ppo_envpool.py, asynchronous vs synchronous.
+
+    python benchmark/e2e.py            # every layout and sweep, 3 repetitions (~25 min on 2 cores)
+    python benchmark/e2e.py --quick    # PPO, CartPole-v1, a0-l0, 1 repetition (~35 s)
+
+Every run is the real script in a fresh process (`python sebulba/ppo_envpool.py ...
+--log-frequency 1`) for the configurations of common.TASKS, on each device layout (a0-l0,
+a0-l1, a0-l1,2, a0-l1,2,3: virtual CPU devices here, GPUs where present), in two modes:
+
+* `async`: the script's defaults (policy lag <= 1, `recv` batch = half the pool): actors
+  collect the next rollout while the learner trains on the last;
+* `sync`: the same flags plus `--max-policy-lag 0`: every env stepped in lockstep and the
+  actors wait for every update, as in a CleanRL-style synchronous loop.
+
+Plus, on each task's main layout, `--deterministic` and sebulba/impala_envpool.py with the
+same actors and batch (async and sync; one V-trace step per batch instead of PPO's 4 x 4
+minibatches), and on CartPole a0-l1 sweeps of actor threads per device and `recv` batch size.
+Per run: steady env steps/s and learner updates/s (between the console lines of update 1
+and the last: compilation excluded), time to the first update (launch, imports and
+compilation included), CPU-seconds per env step, peak resident memory of the run (MiB),
+and the machine's CPU utilisation every 0.5 s. Atari: env steps; frames = 4x. Writes benchmark/results/e2e.json (or under --out).
+"""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from common import RESULTS, TASKS, impala_flags, run_script, save, spread, steady_rates
+
+
+def one_run(script: str, flags: list[str]) -> dict:
+    result = run_script(script, flags)
+    sps, ups = steady_rates(result["lines"])
+    global_step = result["summary"]["global_step"]
+    return {"sps": sps, "updates_per_s": ups, "time_to_first_update_s": result["lines"][0][0],
+            "cpu_s_per_step": result["cpu_s"] / global_step, "cpu_per_core": result["cpu_per_core"],
+            "cpu_series": result["cpu_series"], "peak_rss_mib": result["peak_rss_bytes"] / 2**20}
+
+
+def configuration(task: str, layout: str, mode: str, extra=(), threads: int = 1, algo: str = "PPO",
+                  sweep: str = "") -> dict:
+    spec = TASKS[task]
+    n = int(spec["flags"][spec["flags"].index("--local-num-envs") + 1])
+    steps = int(spec["flags"][spec["flags"].index("--num-steps") + 1])
+    flags = [*spec["flags"], "--learner-device-ids", *map(str, spec["layouts"][layout]),
+             "--total-timesteps", str(spec["updates"] * n * steps * threads), *extra]
+    if threads != 1:
+        flags += ["--num-actor-threads", str(threads)]
+    if mode == "sync":
+        flags += ["--max-policy-lag", "0"]
+    elif mode == "deterministic":
+        flags += ["--deterministic"]
+    return {"task": task, "algo": algo, "script": "ppo_envpool.py" if algo == "PPO" else "impala_envpool.py",
+            "layout": layout, "mode": mode, "threads": threads, "sweep": sweep,
+            "name": f"{algo} {task} {layout} {mode}{sweep}", "flags": flags if algo == "PPO" else impala_flags(flags)}
+
+
+def configurations(quick: bool) -> list[dict]:
+    configs = []
+    for task, spec in TASKS.items():
+        if quick and not spec["quick"]:
+            continue
+        for layout in (["a0-l0"] if quick else spec["layouts"]):
+            configs += [configuration(task, layout, "async"), configuration(task, layout, "sync")]
+        if quick:
+            continue
+        main = spec["main_layout"]
+        configs.append(configuration(task, main, "async", algo="IMPALA"))
+        if task == "CartPole-v1":  # Breakout is learner-bound: these would only repeat its minute-long runs
+            configs += [configuration(task, main, "sync", algo="IMPALA"), configuration(task, main, "deterministic"),
+                        configuration(task, "a0-l1", "async", threads=2, sweep=", 2 actor threads"),
+                        configuration(task, "a0-l1", "sync", threads=2, sweep=", 2 actor threads")]
+            n = int(spec["flags"][spec["flags"].index("--local-num-envs") + 1])
+            for batch in (n // 4, n):
+                configs.append(configuration(task, "a0-l1", "async", ["--async-batch-size", str(batch)],
+                                             sweep=f", recv batch {batch}"))
+    return configs
+
+
+def run(quick: bool, reps: int) -> list[dict]:
+    configs = configurations(quick)
+    runs = {c["name"]: [] for c in configs}
+    for rep in range(reps):  # interleaved, so drift in machine load hits every configuration alike
+        for c in configs:
+            runs[c["name"]].append(one_run(c["script"], c["flags"]))
+            r = runs[c["name"]][-1]
+            print(f"[{rep + 1}/{reps}] {c['name']:56s} {r['sps']:9,.0f} env steps/s, {r['updates_per_s']:6.2f} "
+                  f"updates/s, first update at {r['time_to_first_update_s']:5.1f} s", flush=True)
+    rows = []
+    for c in configs:
+        rs = runs[c["name"]]
+        rows.append({**c, **{k: spread([r[k] for r in rs]) for k in ("sps", "updates_per_s", "time_to_first_update_s",
+                                                                     "cpu_s_per_step", "peak_rss_mib")},
+                     "cpu_per_core": [spread(list(x))["median"] for x in zip(*(r["cpu_per_core"] for r in rs))],
+                     "cpu_series": rs[0]["cpu_series"], "sps_runs": [r["sps"] for r in rs]})
+    return rows
+
+
+if __name__ == "__main__":
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--quick", action="store_true", help="PPO, CartPole-v1, a0-l0, async and sync, 1 repetition")
+    parser.add_argument("--reps", type=int, default=3, help="runs per configuration (median reported)")
+    parser.add_argument("--out", type=Path, default=RESULTS, help="directory for e2e.json")
+    cli = parser.parse_args()
+    reps = 1 if cli.quick else cli.reps
+    print("written:", save("e2e", {"quick": cli.quick, "reps": reps, "rows": run(cli.quick, reps)}, cli.out))

@@ -1,0 +1,271 @@
+"""Regenerate RESULTS.md and the plots from the raw results of the benchmark suite.
+
+    python benchmark/report.py                                   # benchmark/results -> benchmark/RESULTS.md, docs/img/
+    python benchmark/report.py --results DIR --md FILE --img DIR
+
+Reads env_throughput.json, stages.json, e2e.json and time_to_solve.json (whichever exist)
+and writes every table and figure from them; nothing in RESULTS.md is typed by hand.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+from pathlib import Path
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+
+from common import RESULTS, ROOT  # noqa: E402
+
+# The performance targets (issue "close to the machine's limit"), checked against the data.
+ACTOR_EFFICIENCY, LIMIT_FRACTION, CARTPOLE_SPS, SOLVE_S, BREAKOUT_SPS, ASYNC_RATIO, FIRST_UPDATE_S = (
+    0.85, 0.85, 25_000, 60, 40, 1.5, 60)
+
+
+def fmt(s: dict | None, digits: int = 0, scale: float = 1.0) -> str:
+    if not s or s.get("median") is None:
+        return "n/a"
+    m, lo, hi = (s[k] * scale for k in ("median", "min", "max"))
+    return f"{m:,.{digits}f} ({lo:,.{digits}f}–{hi:,.{digits}f})"
+
+
+def load(results: Path, name: str) -> dict | None:
+    path = results / f"{name}.json"
+    return json.loads(path.read_text()) if path.exists() else None
+
+
+def machine_section(data: list[dict]) -> list[str]:
+    m = next(d["machine"] for d in data if d)
+    gpus = ", ".join(m["gpus"]) or "none"
+    versions = ", ".join(f"{k} {v}" for k, v in m["versions"].items() if v)
+    return ["## Machine", "", "| | |", "| --- | --- |", f"| CPU | {m['cpu']}, {m['cores']} cores, "
+            f"{m['memory_gib']} GiB |", f"| GPU | {gpus} |", f"| software | Python {m['python']}, {versions} |",
+            f"| date | {m['date']} |", ""]
+
+
+def env_section(env: dict, img: Path, rel: str) -> list[str]:
+    out = ["## Environment throughput (`benchmark/env_throughput.py`)", "",
+           "Random actions, no policy or learning: the physical limit of the actor side. Env steps/s "
+           f"(Atari: frames = 4×), median (min–max) of {env['reps']} windows of {env['seconds']} s; CPU % per core "
+           "of the whole machine (100 = one core busy).", "",
+           "| task | envs | mode | EnvPool threads | env steps/s | CPU % per core |", "| --- | --- | --- | --- | --- | --- |"]
+    for r in env["rows"]:
+        out.append(f"| {r['env_id']} | {r['num_envs']} | {r['mode']} | {r['threads'] or '–'} | {fmt(r['sps'])} | "
+                   f"{' / '.join(f'{c:.0f}' for c in r['cpu_per_core'])} |")
+    tasks = sorted({r["env_id"] for r in env["rows"]})
+    fig, axes = plt.subplots(1, len(tasks), figsize=(6 * len(tasks), 4), squeeze=False)
+    for ax, task in zip(axes[0], tasks):
+        rows = [r for r in env["rows"] if r["env_id"] == task]
+        top = max(r["threads"] or 0 for r in rows)
+        for mode in dict.fromkeys(r["mode"] for r in rows):
+            pts = sorted((r["num_envs"], r["sps"]["median"]) for r in rows
+                         if r["mode"] == mode and r["threads"] in (None, top))
+            ax.plot(*zip(*pts), marker="o", label=mode + (f" ({top} threads)" if mode.startswith("envpool") else ""))
+        ax.set(xscale="log", yscale="log", xlabel="envs", ylabel="env steps/s", title=task)
+        ax.legend(fontsize=7)
+    save_fig(fig, img / "env_throughput.png")
+    return [*out, "", f"![throughput vs env count]({rel}/env_throughput.png)", ""]
+
+
+def stage_section(stages: dict, e2e: dict | None) -> list[str]:
+    out = ["## Actor efficiency and distance to the limit (`benchmark/stages.py`, `benchmark/e2e.py`)", "",
+           f"Each stage alone, median (min–max) of {stages['reps']} windows of {stages['seconds']} s, process CPU "
+           "time (user + system, every thread). Actor efficiency = the real actor loop's env steps/s ÷ raw EnvPool "
+           "async env steps/s on the same pool. Work-conserving limit = cores ÷ (env + inference + learning "
+           "CPU-seconds per env step); fraction = end-to-end steady env steps/s (PPO, async) ÷ that limit.", "",
+           "| task | recv batch | raw EnvPool env steps/s | actor env steps/s | actor efficiency | env µs/step | "
+           "inference µs/step |", "| --- | --- | --- | --- | --- | --- | --- |"]
+    for task, t in stages["tasks"].items():
+        s = t["summary"]
+        out.append(f"| {task} | {t['recv_batch']} of {t['flags'][t['flags'].index('--local-num-envs') + 1]} | "
+                   f"{fmt(s['raw_env_sps'])} | {fmt(s['actor_sps'])} | {fmt(s['actor_efficiency'], 2)} | "
+                   f"{fmt(s['env_cpu_s_per_step'], 1, 1e6)} | {fmt(s['inference_cpu_s_per_step'], 1, 1e6)} |")
+    out += ["", "| task | layout | learning µs/step | limit env steps/s | end-to-end env steps/s | fraction of limit |",
+            "| --- | --- | --- | --- | --- | --- |"]
+    for task, t in stages["tasks"].items():
+        for layout, cpu in t["learning_cpu_s_per_step"].items():
+            limit = t["work_conserving_limit_sps"][layout]
+            row = find(e2e, "PPO", task, layout, "async")
+            e2e_sps = row["sps"]["median"] if row else None
+            frac = f"{e2e_sps / limit:.2f}" if e2e_sps else "n/a"
+            med = sorted(cpu)[len(cpu) // 2]
+            out.append(f"| {task} | {layout} | {med * 1e6:.1f} | {limit:,.0f} | {fmt(row['sps']) if row else 'n/a'} "
+                       f"| {frac} |")
+    return [*out, ""]
+
+
+def find(e2e: dict | None, algo: str, task: str, layout: str, mode: str, sweep: str = "") -> dict | None:
+    for r in (e2e or {}).get("rows", []):
+        if (r["algo"], r["task"], r["layout"], r["mode"], r["sweep"]) == (algo, task, layout, mode, sweep):
+            return r
+    return None
+
+
+def e2e_section(e2e: dict, stages: dict | None, img: Path, rel: str) -> list[str]:
+    out = ["## End to end, asynchronous vs synchronous (`benchmark/e2e.py`)", "",
+           f"The real scripts in fresh processes; median (min–max) of {e2e['reps']} runs. Steady rates exclude the "
+           "first update (compilation); first update = seconds from launch (imports and compilation included). "
+           "`sync` = the same flags with `--max-policy-lag 0` (lockstep envs, actors wait for every update). "
+           "Env steps (Atari frames = 4×).", "",
+           "| algo | task | layout | mode | env steps/s | updates/s | first update (s) | CPU % per core | "
+           "peak RSS (MiB) |", "| --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
+    for r in e2e["rows"]:
+        out.append(f"| {r['algo']} | {r['task']} | {r['layout']} | {r['mode']}{r['sweep']} | {fmt(r['sps'])} | "
+                   f"{fmt(r['updates_per_s'], 2)} | {fmt(r['time_to_first_update_s'], 1)} | "
+                   f"{' / '.join(f'{c:.0f}' for c in r['cpu_per_core'])} | {fmt(r.get('peak_rss_mib'))} |")
+    out += ["", "| algo | task | layout | async ÷ sync |", "| --- | --- | --- | --- |"]
+    pairs = []
+    for r in e2e["rows"]:
+        sync = find(e2e, r["algo"], r["task"], r["layout"], "sync", r["sweep"])
+        if r["mode"] == "async" and sync:
+            pairs.append((r, sync))
+            out.append(f"| {r['algo']} | {r['task']} | {r['layout']}{r['sweep']} | "
+                       f"{r['sps']['median'] / sync['sps']['median']:.2f} |")
+    tasks = list(dict.fromkeys(r["task"] for r, _ in pairs))
+    fig, axes = plt.subplots(1, len(tasks), figsize=(6 * len(tasks), 4), squeeze=False)
+    for ax, task in zip(axes[0], tasks):
+        sel = [(a, s) for a, s in pairs if a["task"] == task]
+        x = range(len(sel))
+        ax.bar([i - 0.2 for i in x], [a["sps"]["median"] for a, _ in sel], 0.4, label="async")
+        ax.bar([i + 0.2 for i in x], [s["sps"]["median"] for _, s in sel], 0.4, label="sync")
+        ax.set_xticks(list(x), [f"{a['algo']} {a['layout']}{a['sweep']}" for a, _ in sel], rotation=30, ha="right",
+                      fontsize=7)
+        ax.set(ylabel="env steps/s (steady)", title=task)
+        ax.legend()
+    save_fig(fig, img / "e2e_async_vs_sync.png")
+    out += ["", f"![async vs sync]({rel}/e2e_async_vs_sync.png)", ""]
+
+    fig, axes = plt.subplots(1, len(tasks), figsize=(6 * len(tasks), 4), squeeze=False)
+    for ax, task in zip(axes[0], tasks):
+        layouts = [r["layout"] for r in e2e["rows"] if r["task"] == task and r["algo"] == "PPO"
+                   and r["mode"] == "async" and not r["sweep"]]
+        for mode in ("async", "sync"):
+            ax.plot(layouts, [find(e2e, "PPO", task, lay, mode)["sps"]["median"] for lay in layouts], marker="o",
+                    label=f"PPO {mode}")
+        if stages and task in stages["tasks"]:
+            limits = stages["tasks"][task]["work_conserving_limit_sps"]
+            ax.plot([lay for lay in layouts if lay in limits], [limits[lay] for lay in layouts if lay in limits],
+                    ls="--", color="grey", label="work-conserving limit")
+        ax.set(xlabel="layout (actor devices - learner devices)", ylabel="env steps/s (steady)", title=task)
+        ax.legend(fontsize=8)
+    save_fig(fig, img / "e2e_learner_scaling.png")
+    out += [f"![scaling with learner devices]({rel}/e2e_learner_scaling.png)", ""]
+
+    fig, axes = plt.subplots(1, len(tasks), figsize=(6 * len(tasks), 3.5), squeeze=False)
+    for ax, task in zip(axes[0], tasks):
+        a, s = next((a, s) for a, s in pairs if a["task"] == task and a["algo"] == "PPO")
+        for row, label in ((a, "async"), (s, "sync")):
+            if row["cpu_series"]:
+                ax.plot(*zip(*row["cpu_series"]), label=f"{label} ({row['layout']})")
+        ax.set(xlabel="seconds since launch", ylabel="CPU % (mean over cores)", ylim=(0, 105), title=task)
+        ax.legend(fontsize=8)
+    save_fig(fig, img / "cpu_utilisation.png")
+    return [*out, f"![CPU utilisation over time]({rel}/cpu_utilisation.png)", ""]
+
+
+def solve_section(tts: dict, img: Path, rel: str) -> list[str]:
+    out = ["## Time to solve CartPole-v1 (`benchmark/time_to_solve.py`)", "",
+           f"The README presets, seeds 1–{max(len(v['runs']) for v in tts['results'].values())}; solved = "
+           f"`episodic_return_mean` ≥ {tts['threshold']:.0f}; seconds from launch (imports and compilation "
+           "included). Median (min–max) over the solved runs.", "",
+           "| algo | solved | seconds to solve | env steps to solve |", "| --- | --- | --- | --- |"]
+    fig, ax = plt.subplots(figsize=(7, 4))
+    for (algo, r), color in zip(tts["results"].items(), ("C0", "C1")):
+        out.append(f"| {algo} | {r['solved']} of {r['seeds']} | {fmt(r['seconds'], 1)} | {fmt(r['global_step'])} |")
+        for i, run in enumerate(r["runs"]):
+            pts = [(t, ret) for t, _, ret in run["curve"] if ret is not None]
+            if pts:
+                ax.plot(*zip(*pts), color=color, alpha=0.6, lw=1, label=algo if i == 0 else None)
+    ax.axhline(tts["threshold"], color="grey", ls="--", lw=1)
+    ax.set(xlabel="seconds since launch", ylabel="episodic return (mean of last 20)", title="CartPole-v1")
+    ax.legend()
+    save_fig(fig, img / "learning_curves.png")
+    return [*out, "", f"![learning curves]({rel}/learning_curves.png)", ""]
+
+
+def targets_section(stages, e2e, tts) -> list[str]:
+    rows = []
+
+    def add(measure, value, target, ok):
+        rows.append(f"| {measure} | {value} | {target} | {'met' if ok else 'missed'} |")
+    cart = (stages or {}).get("tasks", {}).get("CartPole-v1")
+    if cart:
+        eff = cart["summary"]["actor_efficiency"]["median"]
+        add("actor efficiency, CartPole-v1", f"{eff:.2f}", f"≥ {ACTOR_EFFICIENCY}", eff >= ACTOR_EFFICIENCY)
+    for task, t in (stages or {}).get("tasks", {}).items():
+        for layout in ("a0-l0", "a0-l1,2,3"):
+            row = find(e2e, "PPO", task, layout, "async")
+            if row and layout in t["work_conserving_limit_sps"]:
+                frac = row["sps"]["median"] / t["work_conserving_limit_sps"][layout]
+                add(f"end-to-end ÷ limit, PPO {task} {layout}", f"{frac:.2f}", f"≥ {LIMIT_FRACTION}",
+                    frac >= LIMIT_FRACTION)
+    cart_rows = [r for r in (e2e or {}).get("rows", []) if r["algo"] == "PPO" and r["task"] == "CartPole-v1"]
+    if cart_rows:
+        best = max(cart_rows, key=lambda r: r["sps"]["median"])
+        add(f"CartPole-v1 end-to-end env steps/s, PPO (best: {best['layout']} {best['mode']}{best['sweep']})",
+            f"{best['sps']['median']:,.0f}", f"≥ {CARTPOLE_SPS:,}", best["sps"]["median"] >= CARTPOLE_SPS)
+    if tts and "PPO" in tts["results"]:
+        s = tts["results"]["PPO"]["seconds"]["median"]
+        add("CartPole-v1 wall clock to return ≥ 475, PPO, median", f"{s:.1f} s" if s else "unsolved", f"< {SOLVE_S} s",
+            bool(s) and s < SOLVE_S)
+    row = find(e2e, "PPO", "Breakout-v5", "a0-l1,2,3", "async")
+    if row:
+        add("Breakout-v5 a0-l1,2,3 steady env steps/s, PPO", f"{row['sps']['median']:.0f}", f"≥ {BREAKOUT_SPS}",
+            row["sps"]["median"] >= BREAKOUT_SPS)
+        first = row["time_to_first_update_s"]["median"]
+        add("Breakout-v5 a0-l1,2,3 time to first update", f"{first:.1f} s", f"< {FIRST_UPDATE_S} s",
+            first < FIRST_UPDATE_S)
+    for task, layout in (("CartPole-v1", "a0-l0"), ("Breakout-v5", "a0-l1,2,3")):
+        a, s = find(e2e, "PPO", task, layout, "async"), find(e2e, "PPO", task, layout, "sync")
+        if a and s:
+            ratio = a["sps"]["median"] / s["sps"]["median"]
+            add(f"async ÷ sync, PPO {task} {layout}", f"{ratio:.2f}", f"≥ {ASYNC_RATIO}", ratio >= ASYNC_RATIO)
+    if not rows:
+        return []
+    return ["## Performance targets", "", "Measured here against the targets of the performance issue.", "",
+            "| measure | measured (median) | target | |", "| --- | --- | --- | --- |", *rows, ""]
+
+
+def save_fig(fig, path: Path):
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def report(results: Path, md: Path, img: Path) -> Path:
+    env, stages, e2e, tts = (load(results, n) for n in ("env_throughput", "stages", "e2e", "time_to_solve"))
+    if not any((env, stages, e2e, tts)):
+        raise SystemExit(f"no results in {results}: run benchmark/run.py first")
+    rel = os.path.relpath(img, md.parent)
+    quick = any(d.get("quick") for d in (env, stages, e2e, tts) if d)
+    lines = ["# Benchmark results", "",
+             f"Generated by `benchmark/report.py` from `{os.path.relpath(results, ROOT)}/*.json` "
+             f"({'--quick: smoke-test sizes, not for quoting' if quick else 'full mode'}); reproduce with "
+             f"`python benchmark/run.py{' --quick' if quick else ''}`. Medians of several runs with (min–max). "
+             "What each figure means and how to read it: docs/benchmarks.md.", ""]
+    lines += machine_section([env, stages, e2e, tts])
+    lines += targets_section(stages, e2e, tts)
+    if env:
+        lines += env_section(env, img, rel)
+    if stages:
+        lines += stage_section(stages, e2e)
+    if e2e:
+        lines += e2e_section(e2e, stages, img, rel)
+    if tts:
+        lines += solve_section(tts, img, rel)
+    md.write_text("\n".join(lines))
+    return md
+
+
+if __name__ == "__main__":
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--results", type=Path, default=RESULTS, help="directory of the raw results")
+    parser.add_argument("--md", type=Path, default=ROOT / "benchmark" / "RESULTS.md", help="markdown file to write")
+    parser.add_argument("--img", type=Path, default=ROOT / "docs" / "img", help="directory for the PNG plots")
+    cli = parser.parse_args()
+    print("written:", report(cli.results, cli.md, cli.img))

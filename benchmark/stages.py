@@ -1,0 +1,211 @@
+"""Each stage of the pipeline alone: actor efficiency and the work-conserving limit.
+
+    python benchmark/stages.py            # CartPole-v1 and Breakout-v5, 3 repetitions (~5 min on 2 cores)
+    python benchmark/stages.py --quick    # CartPole-v1, a0-l0, 1 repetition (~15 s)
+
+For the task configurations of benchmark/e2e.py (common.TASKS), in this process, with
+process CPU time (user + system, every thread: EnvPool workers, XLA's pool, Python):
+
+* `env`: EnvPool async pool of the run's size and `recv` batch, random actions ->
+  raw env steps/s and CPU-seconds per env step;
+* `actor`: the script's real actor loop (`run_actor`: recv -> policy on actor device 0 ->
+  send -> per-env rollout assembly) on the same pool, params fixed, no learner -> actor
+  env steps/s; actor efficiency = actor SPS / raw env SPS (1.0: the policy and the
+  bookkeeping cost nothing);
+* `inference`: the jitted policy alone on recv-batch-sized observations (host -> device ->
+  host as the actor does) -> CPU-seconds per env step;
+* `learning`: the compiled update alone on a batch of the run's shape, for each learner
+  layout -> CPU-seconds per env step.
+
+The work-conserving limit of a layout is cores / (env + inference + learning CPU-seconds per
+env step): the SPS of a machine whose every core does nothing but this work. benchmark/e2e.py
+reports its measured SPS as a fraction of it. Atari: env steps; frames = 4x.
+Writes benchmark/results/stages.json (or under --out).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import queue
+import sys
+import threading
+import time
+from pathlib import Path
+
+import jax
+
+jax.config.update("jax_num_cpu_devices", 4)
+
+import numpy as np  # noqa: E402
+
+from common import RESULTS, TASKS, save, spread  # noqa: E402
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from sebulba import ppo_envpool as ppo  # noqa: E402
+
+
+def task_args(flags: list[str], learners: list[int] = (0,)) -> tuple[ppo.Args, ppo.Setup]:
+    args = ppo.tyro.cli(ppo.Args, args=[*flags, "--learner-device-ids", *map(str, learners)])
+    return args, ppo.resolve(args)
+
+
+def timed(fn, seconds: float, min_calls: int = 1) -> tuple[float, float, int]:
+    """Call fn (returns env steps) for at least `seconds` and `min_calls` calls:
+    (env steps/s, CPU-seconds per env step, calls)."""
+    steps, calls = 0, 0
+    cpu0, start = time.process_time(), time.perf_counter()
+    while time.perf_counter() - start < seconds or calls < min_calls:
+        steps += fn()
+        calls += 1
+    wall, cpu = time.perf_counter() - start, time.process_time() - cpu0
+    return steps / wall, cpu / steps, calls
+
+
+def env_stage(args: ppo.Args, setup: ppo.Setup, seconds: float) -> tuple[float, float]:
+    envs = ppo.make_envs(args, args.local_num_envs, setup.async_batch_size, seed=0, num_threads=setup.num_env_threads)
+    rng, n = np.random.default_rng(0), envs.action_space.n
+    envs.async_reset()
+
+    def step():
+        info = envs.recv()[-1]
+        envs.send(rng.integers(0, n, len(info["env_id"])).astype(np.int32), info["env_id"])
+        return len(info["env_id"])
+    timed(step, 0.2)
+    try:
+        sps, cpu, _ = timed(step, seconds)
+    finally:
+        envs.close()
+    return sps, cpu
+
+
+def agent_and_params(args: ppo.Args):
+    spec = ppo.envpool.make_spec(args.env_id, **ppo.env_settings(args))
+    agent = ppo.Agent(spec.action_space.n, tuple(args.channels), tuple(args.hiddens), ppo.is_atari(args.env_id))
+    obs_space = spec.observation_space
+    params = agent.init(jax.random.PRNGKey(0), np.zeros((1, *obs_space.shape), obs_space.dtype))
+    return agent, params, obs_space
+
+
+def actor_stage(args: ppo.Args, setup: ppo.Setup, seconds: float) -> float:
+    agent, params, obs_space = agent_and_params(args)
+    device = jax.devices()[0]
+    slot = ppo.ParamsSlot()
+    slot.publish(0, {device: jax.device_put(params, device)})
+    policy = ppo.make_policy_fn(agent)
+    args = ppo.dataclasses.replace(args, max_policy_lag=10**9, stall_timeout_s=60)
+
+    def actor(num_rollouts: int, stop: threading.Event, seed: int) -> ppo.RolloutAssembler:
+        envs = ppo.make_envs(args, args.local_num_envs, setup.async_batch_size, seed=seed,
+                             num_threads=setup.num_env_threads)
+        assembler = ppo.RolloutAssembler(args.local_num_envs, args.num_steps, obs_space.shape, obs_space.dtype,
+                                         ppo.is_atari(args.env_id), False)
+        try:
+            ppo.run_actor(envs, policy, device, jax.random.PRNGKey(seed), slot, queue.Queue(), assembler,
+                          num_rollouts, args, setup.async_batch_size, stop, "bench")
+        except ppo.Stopped:  # the timer ends the measurement window
+            pass
+        finally:
+            envs.close()
+        return assembler
+
+    actor(1, threading.Event(), 0)  # compile outside the window
+    stop = threading.Event()
+    timer = threading.Timer(seconds, stop.set)
+    start = time.perf_counter()
+    timer.start()
+    assembler = actor(10**9, stop, 1)
+    elapsed = time.perf_counter() - start
+    rows = int((assembler.generation * args.num_steps + assembler.row).sum())  # one row per env per recv
+    return rows / elapsed
+
+
+def inference_stage(args: ppo.Args, setup: ppo.Setup, seconds: float) -> float:
+    agent, params, obs_space = agent_and_params(args)
+    device = jax.devices()[0]
+    params = jax.device_put(params, device)
+    policy = ppo.make_policy_fn(agent)
+    obs = np.zeros((setup.async_batch_size, *obs_space.shape), obs_space.dtype)
+    key = jax.device_put(jax.random.PRNGKey(0), device)
+
+    def step():
+        nonlocal key
+        action, logprob, value, key = policy(params, obs, key)
+        np.asarray(action), np.asarray(logprob), np.asarray(value)
+        return len(obs)
+    timed(step, 0.2)
+    return timed(step, seconds)[1]
+
+
+def learning_stage(flags: list[str], learners: list[int], seconds: float) -> float:
+    args, setup = task_args(flags, learners)
+    agent, params, obs_space = agent_and_params(args)
+    placement = ppo.Placement([jax.devices()[0]], [jax.devices()[i] for i in learners])
+    state, _ = ppo.make_train_state(args, setup, params, placement)
+    update = ppo.make_update_fn(args, agent, placement.mesh)
+    t, n = args.num_steps + 1, args.local_num_envs
+    rng = np.random.default_rng(0)
+    rollout = ppo.Rollout(obs=rng.integers(0, 255, (t, n, *obs_space.shape)).astype(obs_space.dtype),
+                          actions=rng.integers(0, agent.num_actions, (t, n)).astype(np.int32),
+                          logprobs=np.full((t, n), -1.0, np.float32), values=rng.normal(size=(t, n)).astype(np.float32),
+                          rewards=rng.normal(size=(t, n)).astype(np.float32), terminated=rng.random((t, n)) < 0.02,
+                          truncated=np.zeros((t, n), bool), versions=np.zeros((t, n), np.int32))
+    rollouts = [rollout] * setup.num_actor_threads_total
+    key = placement.replicate(np.asarray(jax.random.key_data(jax.random.PRNGKey(0))))
+
+    def step():  # what the learner thread does per update: host -> learner mesh, update, metrics -> host
+        nonlocal state, key
+        batch = placement.to_learners(rollouts)
+        key, update_key = jax.random.split(key)
+        state, metrics = update(state, batch, update_key)
+        jax.tree.map(ppo.host, metrics)
+        return setup.batch_size
+    step()  # compile
+    return timed(step, seconds, min_calls=2)[1]
+
+
+def run(quick: bool, reps: int, seconds: float) -> dict:
+    results = {}
+    cores = os.cpu_count() or 1
+    for task, spec in TASKS.items():
+        if quick and not spec["quick"]:
+            continue
+        args, setup = task_args(spec["flags"])
+        runs = {"raw_env_sps": [], "env_cpu_s_per_step": [], "actor_sps": [], "inference_cpu_s_per_step": []}
+        for _ in range(reps):
+            sps, cpu = env_stage(args, setup, seconds)
+            runs["raw_env_sps"].append(sps)
+            runs["env_cpu_s_per_step"].append(cpu)
+            runs["actor_sps"].append(actor_stage(args, setup, seconds))
+            runs["inference_cpu_s_per_step"].append(inference_stage(args, setup, seconds))
+        runs["actor_efficiency"] = [a / r for a, r in zip(runs["actor_sps"], runs["raw_env_sps"])]
+        learning = {}
+        for layout, learners in ({"a0-l0": [0]} if quick else spec["layouts"]).items():
+            learning[layout] = [learning_stage(spec["flags"], learners, seconds) for _ in range(reps)]
+        limits = {layout: cores / (spread(runs["env_cpu_s_per_step"])["median"]
+                                   + spread(runs["inference_cpu_s_per_step"])["median"] + spread(cpu)["median"])
+                  for layout, cpu in learning.items()}
+        results[task] = {"flags": spec["flags"], "recv_batch": setup.async_batch_size,
+                         "env_threads": setup.num_env_threads, "runs": runs, "learning_cpu_s_per_step": learning,
+                         "work_conserving_limit_sps": limits,
+                         "summary": {k: spread(v) for k, v in runs.items()}}
+        s = results[task]["summary"]
+        print(f"{task}: raw env {s['raw_env_sps']['median']:,.0f} SPS, actor {s['actor_sps']['median']:,.0f} SPS, "
+              f"efficiency {s['actor_efficiency']['median']:.2f}; CPU-us per env step: env "
+              f"{s['env_cpu_s_per_step']['median'] * 1e6:.1f}, inference {s['inference_cpu_s_per_step']['median'] * 1e6:.1f}, "
+              "learning " + ", ".join(f"{k} {spread(v)['median'] * 1e6:.1f}" for k, v in learning.items())
+              + "; limit " + ", ".join(f"{k} {v:,.0f}" for k, v in limits.items()) + " SPS", flush=True)
+    return results
+
+
+if __name__ == "__main__":
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--quick", action="store_true", help="CartPole-v1, a0-l0, 1 repetition of 0.5 s windows")
+    parser.add_argument("--reps", type=int, default=3, help="repetitions per measurement (median reported)")
+    parser.add_argument("--seconds", type=float, default=3.0, help="measurement window per repetition")
+    parser.add_argument("--out", type=Path, default=RESULTS, help="directory for stages.json")
+    cli = parser.parse_args()
+    reps, seconds = (1, 0.5) if cli.quick else (cli.reps, cli.seconds)
+    results = run(cli.quick, reps, seconds)
+    print("written:", save("stages", {"quick": cli.quick, "reps": reps, "seconds": seconds, "cores": os.cpu_count(),
+                                      "tasks": results}, cli.out))

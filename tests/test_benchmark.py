@@ -1,0 +1,61 @@
+"""The benchmark suite's own arithmetic and report: rates from console lines, the
+work-conserving limit, flag translation, and a report rendered from a small results set.
+Speeds themselves are measured by benchmark/run.py, never asserted here."""
+
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmark"))
+import common  # noqa: E402
+import report  # noqa: E402
+
+LINES = [(10.0, 100, 1, None), (12.0, 200, 2, 20.0), (14.0, 300, 3, 480.0), (15.0, 400, 4, 500.0)]
+
+
+def test_steady_rates_skip_the_compiling_update():
+    sps, ups = common.steady_rates(LINES)  # from update 2 (t=12) to update 4 (t=15)
+    assert sps == pytest.approx(200 / 3) and ups == pytest.approx(2 / 3)
+    with pytest.raises(ValueError, match="need at least 3 updates"):
+        common.steady_rates(LINES[:2])
+
+
+def test_time_to_return_is_the_first_line_at_the_threshold():
+    assert common.time_to_return(LINES, 475) == (14.0, 300)
+    assert common.time_to_return(LINES, 501) == (None, None)
+
+
+def test_work_conserving_limit_and_spread():
+    assert common.work_conserving_limit(2, {"env": 5e-6, "inference": 3e-6, "learning": 2e-6}) == pytest.approx(2e5)
+    assert common.spread([3.0, None, 1.0, 2.0]) == {"median": 2.0, "min": 1.0, "max": 3.0, "n": 3}
+
+
+def test_impala_flags_drop_ppo_only_flags():
+    assert common.impala_flags(["--env-id", "X", "--num-minibatches", "4", "--update-epochs", "4", "--num-steps",
+                                "8"]) == ["--env-id", "X", "--num-steps", "8"]
+
+
+def test_report_renders_tables_targets_and_plots(tmp_path):
+    machine = {"cpu": "test cpu", "cores": 2, "memory_gib": 1.0, "gpus": [], "python": "3.11", "versions": {},
+               "date": "2026-11-30"}
+    s = lambda v: common.spread([v])  # noqa: E731
+    (tmp_path / "stages.json").write_text(json.dumps({"machine": machine, "reps": 1, "seconds": 1, "tasks": {
+        "CartPole-v1": {"flags": ["--local-num-envs", "48"], "recv_batch": 24, "learning_cpu_s_per_step":
+                        {"a0-l0": [30e-6]}, "work_conserving_limit_sps": {"a0-l0": 40_000.0},
+                        "summary": {"raw_env_sps": s(2e5), "actor_sps": s(1e5), "actor_efficiency": s(0.5),
+                                    "env_cpu_s_per_step": s(7e-6), "inference_cpu_s_per_step": s(12e-6)}}}}))
+    row = dict(algo="PPO", task="CartPole-v1", layout="a0-l0", sweep="", updates_per_s=s(10),
+               time_to_first_update_s=s(9), cpu_per_core=[90, 80], peak_rss_mib=s(600), cpu_series=[(0.5, 50.0)])
+    (tmp_path / "e2e.json").write_text(json.dumps({"machine": machine, "reps": 1, "rows": [
+        {**row, "mode": "async", "sps": s(30_000)}, {**row, "mode": "sync", "sps": s(15_000)}]}))
+    md = report.report(tmp_path, tmp_path / "RESULTS.md", tmp_path / "img")
+    text = md.read_text()
+    assert "| end-to-end ÷ limit, PPO CartPole-v1 a0-l0 | 0.75 | ≥ 0.85 | missed |" in text
+    assert "| async ÷ sync, PPO CartPole-v1 a0-l0 | 2.00 | ≥ 1.5 | met |" in text
+    assert "| actor efficiency, CartPole-v1 | 0.50 | ≥ 0.85 | missed |" in text
+    assert "(best: a0-l0 async) | 30,000 | ≥ 25,000 | met |" in text
+    assert "time_to_solve" not in text and "env_throughput.png" not in text  # absent parts are left out
+    assert {p.name for p in (tmp_path / "img").iterdir()} == {"e2e_async_vs_sync.png", "e2e_learner_scaling.png",
+                                                               "cpu_utilisation.png"}
