@@ -42,12 +42,14 @@ IMPALA_CARTPOLE = ["--env-id", "CartPole-v1", "--total-timesteps", "200000", "--
                    "--learning-rate", "7e-4", "--ent-coef", "0.0", "--max-grad-norm", "0.5"]
 # Breakout as in the performance issue: 12 envs per thread, 32 steps, 4 minibatches x 4 epochs,
 # IMPALA ResNet 16-32-32/256 (the script's Atari defaults otherwise).
-PPO_BREAKOUT = ["--env-id", "Breakout-v5", "--num-actor-threads", "1", "--local-num-envs", "12", "--num-steps", "32",
-                "--num-minibatches", "4", "--update-epochs", "4"]
-# CartPole for throughput: one thread x 48 envs (recv batch 24), 32 steps, MLP 64-64, PPO's
-# 4 minibatches x 4 epochs: 1,536 env steps per update, divisible over 1, 2 or 3 learner devices.
+# `recv` batch = the pool in both: the only difference between the async and sync modes of
+# e2e.py is then the policy-lag bound (e2e.py sweeps smaller batches separately).
+PPO_BREAKOUT = ["--env-id", "Breakout-v5", "--num-actor-threads", "1", "--local-num-envs", "12",
+                "--async-batch-size", "12", "--num-steps", "32", "--num-minibatches", "4", "--update-epochs", "4"]
+# CartPole for throughput: one thread x 48 envs, 32 steps, MLP 64-64, PPO's 4 minibatches x 4
+# epochs: 1,536 env steps per update, divisible over 1, 2 or 3 learner devices.
 PPO_CARTPOLE_THROUGHPUT = ["--env-id", "CartPole-v1", "--num-actor-threads", "1", "--local-num-envs", "48",
-                           "--num-steps", "32", "--hiddens", "64", "64"]
+                           "--async-batch-size", "48", "--num-steps", "32", "--hiddens", "64", "64"]
 LAYOUTS = {"a0-l0": [0], "a0-l1": [1], "a0-l1,2": [1, 2], "a0-l1,2,3": [1, 2, 3]}
 # The configurations benchmark/stages.py and benchmark/e2e.py measure; `updates` per e2e run
 # (rates exclude the first, which compiles); `quick`: part of --quick.
@@ -59,6 +61,10 @@ TASKS = {
                     "main_layout": "a0-l1,2,3", "updates": 3, "quick": False},
 }
 PPO_ONLY_FLAGS = ("--num-minibatches", "--update-epochs")  # dropped from a task's flags for the IMPALA script
+
+
+def flag_value(flags: list[str], name: str) -> str:
+    return flags[flags.index(name) + 1]
 
 
 def impala_flags(flags: list[str]) -> list[str]:
@@ -75,7 +81,7 @@ def impala_flags(flags: list[str]) -> list[str]:
 
 
 def machine() -> dict:
-    """CPU model, cores, GPUs (nvidia-smi), Python and library versions, date."""
+    """Code version (git), CPU model, cores, GPUs (nvidia-smi), Python and library versions, date."""
     cpu = platform.processor() or "unknown"
     if Path("/proc/cpuinfo").exists():
         for line in Path("/proc/cpuinfo").read_text().splitlines():
@@ -93,7 +99,9 @@ def machine() -> dict:
             versions[package] = importlib.metadata.version(package)
         except importlib.metadata.PackageNotFoundError:
             versions[package] = None
-    return {"cpu": cpu, "cores": os.cpu_count(), "memory_gib": round(psutil.virtual_memory().total / 2**30, 1),
+    git = subprocess.run(["git", "describe", "--always", "--dirty"], cwd=ROOT, capture_output=True, text=True,
+                         check=False).stdout.strip() or None
+    return {"commit": git, "cpu": cpu, "cores": os.cpu_count(), "memory_gib": round(psutil.virtual_memory().total / 2**30, 1),
             "gpus": gpus, "python": platform.python_version(), "versions": versions,
             "date": datetime.date.today().isoformat()}
 
@@ -141,10 +149,10 @@ class CpuSampler:
         self._stop.set()
         self._thread.join()
 
-    def per_core_mean(self) -> list[float]:
-        if not self.samples:
-            return []
-        return [statistics.fmean(s[1][c] for s in self.samples) for c in range(len(self.samples[0][1]))]
+    def per_core_mean(self, since: float = 0.0) -> list[float]:
+        """Mean utilisation of each core over the samples taken `since` seconds after the start or later."""
+        samples = [cores for t, cores in self.samples if t >= since]
+        return [statistics.fmean(s[c] for s in samples) for c in range(len(samples[0]))] if samples else []
 
     def series(self) -> list[tuple[float, float]]:
         """(seconds, mean utilisation over cores in percent) per sample."""
@@ -155,7 +163,8 @@ def run_script(script: str, flags: list[str], stop_at_return: float | None = Non
     """Run `python sebulba/<script> <flags> --log-frequency 1` in a fresh process and directory.
 
     Returns the run's summary.json, every console line as (seconds since launch, global step,
-    update, episodic return or None), the machine's CPU utilisation over time, the child's
+    update, episodic return or None), the machine's CPU utilisation over time (and per core
+    after the first update, start-up excluded), the child's
     CPU-seconds (user + system), its peak resident memory (sampled every 0.5 s) and the
     wall-clock seconds. With `stop_at_return` the run is
     sent SIGTERM at the first line whose return reaches it (it checkpoints and exits 143).
@@ -190,7 +199,9 @@ def run_script(script: str, flags: list[str], stop_at_return: float | None = Non
         summary = json.loads(summary_file.read_text())
     after = resource.getrusage(resource.RUSAGE_CHILDREN)
     cpu_s = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
-    return {"summary": summary, "lines": lines, "cpu_series": cpu.series(), "cpu_per_core": cpu.per_core_mean(),
+    # Steady phase: from the first console line (first update done) on, so start-up is left out.
+    steady = cpu.per_core_mean(since=lines[0][0]) if lines else []
+    return {"summary": summary, "lines": lines, "cpu_series": cpu.series(), "cpu_per_core": steady,
             "cpu_s": cpu_s, "wall_s": wall, "peak_rss_bytes": cpu.peak_rss}
 
 

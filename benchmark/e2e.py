@@ -7,14 +7,18 @@ Every run is the real script in a fresh process (`python sebulba/ppo_envpool.py 
 --log-frequency 1`) for the configurations of common.TASKS, on each device layout (a0-l0,
 a0-l1, a0-l1,2, a0-l1,2,3: virtual CPU devices here, GPUs where present), in two modes:
 
-* `async`: the script's defaults (policy lag <= 1, `recv` batch = half the pool): actors
-  collect the next rollout while the learner trains on the last;
-* `sync`: the same flags plus `--max-policy-lag 0`: every env stepped in lockstep and the
-  actors wait for every update, as in a CleanRL-style synchronous loop.
+* `async`: policy lag <= 1 (the default): actors collect the next rollout while the learner
+  trains on the last;
+* `sync`: the same flags plus `--max-policy-lag 0`: the actors wait for every update, as in a
+  CleanRL-style synchronous loop.
+
+Both use `recv` batch = the whole pool (lockstep stepping, which sync requires), so the
+policy-lag bound is the only difference; smaller batches are a separate sweep.
 
 Plus, on each task's main layout, `--deterministic` and sebulba/impala_envpool.py with the
 same actors and batch (async and sync; one V-trace step per batch instead of PPO's 4 x 4
-minibatches), and on CartPole a0-l1 sweeps of actor threads per device and `recv` batch size.
+minibatches), and on CartPole a0-l1 sweeps of actor threads per device and of the `recv`
+batch (a quarter and a half of the pool; half is the script's default).
 Per run: steady env steps/s and learner updates/s (between the console lines of update 1
 and the last: compilation excluded), time to the first update (launch, imports and
 compilation included), CPU-seconds per env step, peak resident memory of the run (MiB),
@@ -26,7 +30,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from common import RESULTS, TASKS, impala_flags, run_script, save, spread, steady_rates
+from common import RESULTS, TASKS, flag_value, impala_flags, run_script, save, spread, steady_rates
 
 
 def one_run(script: str, flags: list[str]) -> dict:
@@ -38,13 +42,15 @@ def one_run(script: str, flags: list[str]) -> dict:
             "cpu_series": result["cpu_series"], "peak_rss_mib": result["peak_rss_bytes"] / 2**20}
 
 
-def configuration(task: str, layout: str, mode: str, extra=(), threads: int = 1, algo: str = "PPO",
-                  sweep: str = "") -> dict:
+def configuration(task: str, layout: str, mode: str, recv_batch: int | None = None, threads: int = 1,
+                  algo: str = "PPO", sweep: str = "") -> dict:
     spec = TASKS[task]
-    n = int(spec["flags"][spec["flags"].index("--local-num-envs") + 1])
-    steps = int(spec["flags"][spec["flags"].index("--num-steps") + 1])
-    flags = [*spec["flags"], "--learner-device-ids", *map(str, spec["layouts"][layout]),
-             "--total-timesteps", str(spec["updates"] * n * steps * threads), *extra]
+    flags = list(spec["flags"])
+    n, steps = int(flag_value(flags, "--local-num-envs")), int(flag_value(flags, "--num-steps"))
+    if recv_batch is not None:
+        flags[flags.index("--async-batch-size") + 1] = str(recv_batch)
+    flags += ["--learner-device-ids", *map(str, spec["layouts"][layout]),
+              "--total-timesteps", str(spec["updates"] * n * steps * threads)]
     if threads != 1:
         flags += ["--num-actor-threads", str(threads)]
     if mode == "sync":
@@ -71,10 +77,9 @@ def configurations(quick: bool) -> list[dict]:
             configs += [configuration(task, main, "sync", algo="IMPALA"), configuration(task, main, "deterministic"),
                         configuration(task, "a0-l1", "async", threads=2, sweep=", 2 actor threads"),
                         configuration(task, "a0-l1", "sync", threads=2, sweep=", 2 actor threads")]
-            n = int(spec["flags"][spec["flags"].index("--local-num-envs") + 1])
-            for batch in (n // 4, n):
-                configs.append(configuration(task, "a0-l1", "async", ["--async-batch-size", str(batch)],
-                                             sweep=f", recv batch {batch}"))
+            n = int(flag_value(spec["flags"], "--local-num-envs"))
+            for batch, why in ((n // 4, ""), (n // 2, ", the script's default")):
+                configs.append(configuration(task, "a0-l1", "async", batch, sweep=f", recv batch {batch}{why}"))
     return configs
 
 

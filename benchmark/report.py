@@ -95,6 +95,14 @@ def stage_section(stages: dict, e2e: dict | None) -> list[str]:
             med = sorted(cpu)[len(cpu) // 2]
             out.append(f"| {task} | {layout} | {med * 1e6:.1f} | {limit:,.0f} | {fmt(row['sps']) if row else 'n/a'} "
                        f"| {frac} |")
+    sweep = [(task, r) for task, t in stages["tasks"].items() for r in t.get("efficiency_sweep", [])]
+    if sweep:
+        out += ["", "Actor efficiency against the pool: envs per pool, `recv` batch and EnvPool worker threads "
+                "(the end-to-end configuration above uses the first row's pool).", "",
+                "| task | envs | recv batch | EnvPool threads | raw EnvPool env steps/s | actor env steps/s | "
+                "actor efficiency |", "| --- | --- | --- | --- | --- | --- | --- |"]
+        out += [f"| {task} | {r['envs']} | {r['recv_batch']} | {r['env_threads']} | {fmt(r['raw_env_sps'])} | "
+                f"{fmt(r['actor_sps'])} | {fmt(r['actor_efficiency'], 2)} |" for task, r in sweep]
     return [*out, ""]
 
 
@@ -108,8 +116,10 @@ def find(e2e: dict | None, algo: str, task: str, layout: str, mode: str, sweep: 
 def e2e_section(e2e: dict, stages: dict | None, img: Path, rel: str) -> list[str]:
     out = ["## End to end, asynchronous vs synchronous (`benchmark/e2e.py`)", "",
            f"The real scripts in fresh processes; median (min–max) of {e2e['reps']} runs. Steady rates exclude the "
-           "first update (compilation); first update = seconds from launch (imports and compilation included). "
-           "`sync` = the same flags with `--max-policy-lag 0` (lockstep envs, actors wait for every update). "
+           "first update (compilation); first update = seconds from launch (imports and compilation included); "
+           "CPU % per core = the machine's, after the first update. "
+           "`sync` = the same flags with `--max-policy-lag 0` (the actors wait for every update); both step the "
+           "whole pool per `recv` unless the row names a smaller batch. "
            "Env steps (Atari frames = 4×).", "",
            "| algo | task | layout | mode | env steps/s | updates/s | first update (s) | CPU % per core | "
            "peak RSS (MiB) |", "| --- | --- | --- | --- | --- | --- | --- | --- | --- |"]

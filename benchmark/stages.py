@@ -15,7 +15,9 @@ process CPU time (user + system, every thread: EnvPool workers, XLA's pool, Pyth
 * `inference`: the jitted policy alone on recv-batch-sized observations (host -> device ->
   host as the actor does) -> CPU-seconds per env step;
 * `learning`: the compiled update alone on a batch of the run's shape, for each learner
-  layout -> CPU-seconds per env step.
+  layout -> CPU-seconds per env step;
+* for CartPole-v1, actor efficiency over a sweep of pool sizes, `recv` batches and EnvPool
+  worker threads (POOLS).
 
 The work-conserving limit of a layout is cores / (env + inference + learning CPU-seconds per
 env step): the SPS of a machine whose every core does nothing but this work. benchmark/e2e.py
@@ -164,6 +166,25 @@ def learning_stage(flags: list[str], learners: list[int], seconds: float) -> flo
     return timed(step, seconds, min_calls=2)[1]
 
 
+# CartPole pools for the actor-efficiency sweep: (envs, recv batch, EnvPool worker threads).
+POOLS = [(48, 48, 2), (256, 256, 2), (256, 256, 1), (512, 256, 1), (512, 256, 2)]
+
+
+def efficiency_sweep(flags: list[str], reps: int, seconds: float) -> list[dict]:
+    rows = []
+    for envs, batch, threads in POOLS:
+        args, setup = task_args([*flags, "--local-num-envs", str(envs), "--async-batch-size", str(batch),
+                                 "--num-env-threads", str(threads)])
+        raw = [env_stage(args, setup, seconds)[0] for _ in range(reps)]
+        actor = [actor_stage(args, setup, seconds) for _ in range(reps)]
+        rows.append({"envs": envs, "recv_batch": batch, "env_threads": threads, "raw_env_sps": spread(raw),
+                     "actor_sps": spread(actor), "actor_efficiency": spread([a / r for a, r in zip(actor, raw)])})
+        print(f"  pool {envs} / recv {batch} / {threads} threads: raw {rows[-1]['raw_env_sps']['median']:,.0f}, actor "
+              f"{rows[-1]['actor_sps']['median']:,.0f} SPS, efficiency {rows[-1]['actor_efficiency']['median']:.2f}",
+              flush=True)
+    return rows
+
+
 def run(quick: bool, reps: int, seconds: float) -> dict:
     results = {}
     cores = os.cpu_count() or 1
@@ -189,6 +210,8 @@ def run(quick: bool, reps: int, seconds: float) -> dict:
                          "env_threads": setup.num_env_threads, "runs": runs, "learning_cpu_s_per_step": learning,
                          "work_conserving_limit_sps": limits,
                          "summary": {k: spread(v) for k, v in runs.items()}}
+        if task == "CartPole-v1" and not quick:
+            results[task]["efficiency_sweep"] = efficiency_sweep(spec["flags"], reps, seconds)
         s = results[task]["summary"]
         print(f"{task}: raw env {s['raw_env_sps']['median']:,.0f} SPS, actor {s['actor_sps']['median']:,.0f} SPS, "
               f"efficiency {s['actor_efficiency']['median']:.2f}; CPU-us per env step: env "
