@@ -1,0 +1,168 @@
+"""Evaluate a trained agent: N full episodes on a fresh EnvPool pool, raw episodic returns.
+
+    python scripts/evaluate.py runs/CartPole-v1__ppo_envpool__1__1733000000
+    python scripts/evaluate.py RUN_DIR --episodes 32 --sample --seed 7 --json
+
+Works for runs of sebulba/ppo_envpool.py and sebulba/impala_envpool.py (told apart by their
+saved flags). Loads RUN_DIR/config.json and the newest checkpoint (or --checkpoint N),
+rebuilds the network, and runs one episode in each of N envs of a fresh pool with the
+training protocol's env settings (Atari: Machado et al. 2018, sticky actions; with no
+life-loss episodes, so an episode is a whole game whatever --episodic-life was in training).
+Taking the first episode of each env does not favour short episodes. Actions are greedy
+(argmax of the policy logits) or, with --sample, drawn from the policy. Prints the mean ±
+standard deviation of the raw (unclipped) return and of the length in env steps (Atari:
+frames = 4x), or a JSON object with --json. --video PATH writes the first --video-episodes
+episodes as one mp4 (EnvPool's rgb_array frames; imageio with ffmpeg). A run directory without a config or the named
+checkpoint ends with one line saying what is there, exit status 1.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import importlib
+import json
+import os
+import sys
+import warnings
+from pathlib import Path
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+
+def load(run_dir: Path, checkpoint: int | None):
+    """(script module, Args, Agent, params on the first local device, checkpoint update).
+
+    Raises:
+      SystemExit: no config.json, no checkpoint, or a checkpoint number that does not exist.
+    """
+    config = run_dir / "config.json"
+    if not config.exists():
+        raise SystemExit(f"{run_dir} has no config.json: give a run directory written by a sebulba script")
+    saved = json.loads(config.read_text())["args"]
+    module = importlib.import_module("sebulba.impala_envpool" if "rho_clip" in saved else "sebulba.ppo_envpool")
+    args = module.Args(**{k: v for k, v in saved.items() if k in {f.name for f in dataclasses.fields(module.Args)}})
+    if not (run_dir / "checkpoints").exists():
+        raise SystemExit(f"{run_dir}/checkpoints does not exist: the run saved no checkpoint yet")
+    manager = module.ocp.CheckpointManager((run_dir / "checkpoints").absolute(),
+                                           options=module.ocp.CheckpointManagerOptions(create=False))
+    steps = list(manager.all_steps())
+    if not steps or (checkpoint is not None and checkpoint not in steps):
+        raise SystemExit(f"{run_dir}/checkpoints has {f'checkpoints {sorted(steps)}' if steps else 'no checkpoint'}"
+                         + (f", not {checkpoint}" if checkpoint is not None and steps else ""))
+    update = checkpoint if checkpoint is not None else max(steps)
+    spec = module.envpool.make_spec(args.env_id, **module.env_settings(args))
+    agent = module.Agent(spec.action_space.n, tuple(args.channels), tuple(args.hiddens), module.is_atari(args.env_id))
+    obs_space = spec.observation_space
+    params = agent.init(module.jax.random.PRNGKey(0), np.zeros((1, *obs_space.shape), obs_space.dtype))
+    device = module.jax.local_devices()[0]
+    # A one-device learner "mesh": orbax reshards whatever layout the run was saved from.
+    placement = module.Placement([device], [device])
+    like, _ = module.make_train_state(args, module.resolve(dataclasses.replace(args, distributed=False)), params,
+                                      placement)
+    abstract = module.jax.tree.map(module.ocp.utils.to_shape_dtype_struct, like)
+    state = manager.restore(update, args=module.ocp.args.Composite(
+        state=module.ocp.args.StandardRestore(abstract))).state
+    manager.close()
+    return module, args, agent, state.params, update
+
+
+def evaluate(module, args, agent, params, episodes: int, seed: int, sample: bool, video: Path | None = None,
+             video_episodes: int = 1) -> dict:
+    """One episode in each of `episodes` envs; raw returns and lengths in env-id order. With
+    `video`, the episodes of the first `video_episodes` envs are rendered (EnvPool rgb_array
+    frames: the first observation, then one frame per env step) and written one after the
+    other to that mp4 file."""
+    jax, jnp = module.jax, module.jnp
+
+    @jax.jit
+    def act(params, obs, key):
+        logits, _ = agent.apply(params, obs)
+        key, sample_key = jax.random.split(key)
+        action = jax.random.categorical(sample_key, logits) if sample else jnp.argmax(logits, axis=-1)
+        return action.astype(jnp.int32), key
+
+    args = dataclasses.replace(args, episodic_life=False)  # an episode is a whole game
+    threads = min(episodes, os.cpu_count() or 1)
+    envs = (module.make_envs(args, episodes, episodes, seed=seed, num_threads=threads) if video is None else
+            module.envpool.make(args.env_id, env_type="gymnasium", num_envs=episodes, batch_size=episodes, seed=seed,
+                                num_threads=threads, render_mode="rgb_array", **module.env_settings(args)))
+    recorded = list(range(min(video_episodes, episodes))) if video is not None else []
+    frames: list[list[np.ndarray]] = [[] for _ in recorded]
+
+    def record(running):
+        if recorded:
+            for i, frame in zip(recorded, envs.render(env_ids=recorded)):
+                if running[i]:
+                    frames[i].append(frame)
+
+    returns, lengths = np.zeros(episodes), np.zeros(episodes, np.int64)
+    running = np.ones(episodes, bool)
+    key = jax.random.PRNGKey(seed)
+    obs, _ = envs.reset()
+    record(running)
+    while running.any():
+        action, key = act(params, obs, key)
+        obs, reward, terminated, truncated, _ = envs.step(np.asarray(action))
+        returns += np.where(running, reward, 0.0)
+        lengths += running
+        record(running)  # the frame of this step, the last one included
+        running &= ~(terminated | truncated)
+    envs.close()
+    result = {"episodes": episodes, "return_mean": float(returns.mean()), "return_std": float(returns.std()),
+              "length_mean": float(lengths.mean()), "length_std": float(lengths.std()),
+              "returns": returns.tolist(), "lengths": lengths.tolist()}
+    if video is not None:
+        write_video(video, [f for episode in frames for f in episode], fps=15 if module.is_atari(args.env_id) else 50)
+        result |= {"video": str(video), "video_frames": sum(map(len, frames))}
+    return result
+
+
+def write_video(path: Path, frames: list[np.ndarray], fps: int):
+    """H.264 mp4 through imageio's ffmpeg plugin (frames padded to even sizes, which H.264 needs)."""
+    try:
+        import imageio.v2 as imageio
+    except ImportError as error:
+        raise SystemExit('--video needs imageio and its ffmpeg plugin: pip install -e ".[eval]"') from error
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with warnings.catch_warnings():  # starting ffmpeg is fork + exec at once, which JAX's threads survive
+        warnings.filterwarnings("ignore", message="os.fork", category=RuntimeWarning)
+        with imageio.get_writer(path, fps=fps, codec="libx264", macro_block_size=2) as writer:
+            for frame in frames:
+                writer.append_data(np.pad(frame, ((0, frame.shape[0] % 2), (0, frame.shape[1] % 2), (0, 0))))
+
+
+def main(argv: list[str] | None = None) -> dict:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("run_dir", type=Path, help="runs/<run name> of a training run")
+    parser.add_argument("--checkpoint", type=int, default=None, help="update number of the checkpoint; default newest")
+    parser.add_argument("--episodes", type=int, default=10, help="episodes (one per env of the pool)")
+    parser.add_argument("--sample", action="store_true", help="sample actions from the policy instead of argmax")
+    parser.add_argument("--seed", type=int, default=0, help="env and action seed")
+    parser.add_argument("--json", action="store_true", help="print one JSON object instead of a line of text")
+    parser.add_argument("--video", type=Path, default=None, help="write the first episode(s) to this mp4 file")
+    parser.add_argument("--video-episodes", type=int, default=1, help="episodes recorded with --video")
+    cli = parser.parse_args(argv)
+    if cli.episodes <= 0:
+        parser.error(f"--episodes {cli.episodes} must be positive")
+    module, args, agent, params, update = load(cli.run_dir, cli.checkpoint)
+    result = {"run_dir": str(cli.run_dir), "env_id": args.env_id, "checkpoint": update, "seed": cli.seed,
+              "policy": "sampled" if cli.sample else "greedy",
+              **evaluate(module, args, agent, params, cli.episodes, cli.seed, cli.sample, cli.video,
+                         cli.video_episodes)}
+    if cli.json:
+        print(json.dumps(result))
+    else:
+        print(f"{args.env_id}, checkpoint {update}, {result['policy']} actions, {cli.episodes} episodes: return "
+              f"{result['return_mean']:.1f} ± {result['return_std']:.1f}, length {result['length_mean']:.1f} ± "
+              f"{result['length_std']:.1f} env steps")
+        if cli.video is not None:
+            print(f"video: {cli.video} ({result['video_frames']} frames)")
+    return result
+
+
+if __name__ == "__main__":
+    main()

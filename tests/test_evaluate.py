@@ -1,0 +1,92 @@
+"""scripts/evaluate.py on checkpoints of short real CartPole runs of both scripts."""
+
+import json
+import sys
+from pathlib import Path
+
+import jax
+import numpy as np
+import pytest
+
+import sebulba.impala_envpool as impala
+import sebulba.ppo_envpool as ppo
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "scripts"))
+import evaluate
+
+FLAGS = ["--env-id", "CartPole-v1", "--local-num-envs", "8", "--num-steps", "32", "--num-actor-threads", "1",
+         "--hiddens", "64", "64", "--log-frequency", "1000"]
+
+
+def train(module, name: str, total: int, *flags: str) -> Path:
+    module.main(module.tyro.cli(module.Args, args=[*FLAGS, *flags, "--total-timesteps", str(total),
+                                                   "--run-name", name, "--checkpoint-interval", "2"]))
+    return Path("runs") / name
+
+
+def test_printed_numbers_match_a_recomputation_from_the_same_seed(capsys):
+    run = train(ppo, "ppo", 8 * 32 * 12, "--num-minibatches", "1", "--update-epochs", "20", "--learning-rate", "1e-3",
+                "--ent-coef", "0.0")
+    capsys.readouterr()  # the training run's console
+    result = evaluate.main([str(run), "--episodes", "5", "--seed", "3", "--json"])
+    assert json.loads(capsys.readouterr().out) == result
+    assert result["checkpoint"] == 12 and result["policy"] == "greedy"
+    # Recompute without the script's code path: restore the saved params through the training
+    # script's own checkpointer, step a plain EnvPool pool with the same seed, argmax op by op.
+    args = ppo.Args(**json.loads((run / "config.json").read_text())["args"])
+    agent = ppo.Agent(2, (), (64, 64), False)
+    device = jax.devices()[0]
+    placement = ppo.Placement([device], [device])
+    like, _ = ppo.make_train_state(args, ppo.resolve(args), agent.init(jax.random.PRNGKey(0), np.zeros((1, 4))),
+                                   placement)
+    params = ppo.Checkpointer(run / "checkpoints").restore_state(12, like).params
+    envs = ppo.envpool.make("CartPole-v1", env_type="gymnasium", num_envs=5, batch_size=5, seed=3, num_threads=2)
+    obs, _ = envs.reset()
+    returns, lengths, finished = np.zeros(5), np.zeros(5, int), np.zeros(5, bool)
+    while not finished.all():
+        logits = np.asarray(agent.apply(params, obs)[0])
+        obs, reward, terminated, truncated, _ = envs.step(logits.argmax(axis=1).astype(np.int32))
+        returns[~finished] += reward[~finished]
+        lengths[~finished] += 1
+        finished |= terminated | truncated
+    assert result["returns"] == returns.tolist() and result["lengths"] == lengths.tolist()
+    assert result["return_mean"] == pytest.approx(returns.mean()) and result["return_std"] == pytest.approx(returns.std())
+    assert evaluate.main([str(run), "--episodes", "5", "--seed", "3", "--json"]) == result  # same seed, same numbers
+    evaluate.main([str(run), "--episodes", "5", "--checkpoint", "10"])  # an older checkpoint by number
+    assert "checkpoint 10, greedy actions, 5 episodes: return" in capsys.readouterr().out
+
+
+def test_impala_runs_and_bad_run_dirs(tmp_path):
+    run = train(impala, "impala", 8 * 32 * 2)
+    result = evaluate.main([str(run), "--episodes", "3", "--sample"])
+    assert result["policy"] == "sampled" and len(result["returns"]) == 3
+    assert result["returns"] == [float(n) for n in result["lengths"]]  # CartPole pays 1 per step
+    with pytest.raises(SystemExit, match="has checkpoints \\[2\\], not 7"):
+        evaluate.main([str(run), "--checkpoint", "7"])
+    with pytest.raises(SystemExit, match="has no config.json"):
+        evaluate.main([str(tmp_path)])
+
+
+def frames_in(path: Path) -> int:
+    import imageio.v2 as imageio
+    with imageio.get_reader(path) as reader:
+        return reader.count_frames()
+
+
+@pytest.mark.parametrize("env_id", ["CartPole-v1", "Breakout-v5"])
+def test_video_has_one_frame_per_step_of_the_recorded_episodes(env_id, capsys):
+    module = ppo
+    # Breakout trains on a 3-device learner mesh: evaluation restores it onto one device.
+    learners = ["1", "2", "3"] if env_id == "Breakout-v5" else ["0"]
+    tiny = ["--env-id", env_id, "--local-num-envs", "6", "--num-steps", "8", "--num-actor-threads", "1",
+            "--num-minibatches", "1", "--update-epochs", "1", "--channels", "4", "8", "--hiddens", "16",
+            "--learner-device-ids", *learners, "--total-timesteps", "48", "--run-name", "tiny", "--log-frequency",
+            "1000"]
+    module.main(module.tyro.cli(module.Args, args=tiny))
+    capsys.readouterr()
+    video = Path("videos") / f"{env_id}.mp4"
+    # Sampled actions: an untrained greedy Breakout policy may never press FIRE.
+    result = evaluate.main(["runs/tiny", "--episodes", "3", "--sample", "--video", str(video), "--video-episodes", "2"])
+    assert f"video: {video} ({result['video_frames']} frames)" in capsys.readouterr().out
+    assert result["video_frames"] == result["lengths"][0] + 1 + result["lengths"][1] + 1  # first obs + each step
+    assert frames_in(video) == result["video_frames"]
