@@ -38,13 +38,14 @@ def load(results: Path, name: str) -> dict | None:
     return json.loads(path.read_text()) if path.exists() else None
 
 
-def machine_section(data: list[dict]) -> list[str]:
+def machine_section(data: list[dict], names: list[str]) -> list[str]:
     m = next(d["machine"] for d in data if d)
+    commits = ", ".join(f"{n} {d['machine'].get('commit') or '?'}" for n, d in zip(names, data) if d)
     gpus = ", ".join(m["gpus"]) or "none"
     versions = ", ".join(f"{k} {v}" for k, v in m["versions"].items() if v)
     return ["## Machine", "", "| | |", "| --- | --- |", f"| CPU | {m['cpu']}, {m['cores']} cores, "
             f"{m['memory_gib']} GiB |", f"| GPU | {gpus} |", f"| software | Python {m['python']}, {versions} |",
-            f"| date | {m['date']} |", ""]
+            f"| date | {m['date']} |", f"| code (git) per part | {commits} |", ""]
 
 
 def env_section(env: dict, img: Path, rel: str) -> list[str]:
@@ -93,7 +94,7 @@ def stage_section(stages: dict, e2e: dict | None) -> list[str]:
             e2e_sps = row["sps"]["median"] if row else None
             frac = f"{e2e_sps / limit:.2f}" if e2e_sps else "n/a"
             med = sorted(cpu)[len(cpu) // 2]
-            out.append(f"| {task} | {layout} | {med * 1e6:.1f} | {limit:,.0f} | {fmt(row['sps']) if row else 'n/a'} "
+            out.append(f"| {task} | {layout} | {med * 1e6:,.1f} | {limit:,.0f} | {fmt(row['sps']) if row else 'n/a'} "
                        f"| {frac} |")
     sweep = [(task, r) for task, t in stages["tasks"].items() for r in t.get("efficiency_sweep", [])]
     if sweep:
@@ -258,7 +259,7 @@ def report(results: Path, md: Path, img: Path) -> Path:
              f"({'--quick: smoke-test sizes, not for quoting' if quick else 'full mode'}); reproduce with "
              f"`python benchmark/run.py{' --quick' if quick else ''}`. Medians of several runs with (min–max). "
              "What each figure means and how to read it: docs/benchmarks.md.", ""]
-    lines += machine_section([env, stages, e2e, tts])
+    lines += machine_section([env, stages, e2e, tts], ["env_throughput", "stages", "e2e", "time_to_solve"])
     lines += targets_section(stages, e2e, tts)
     if env:
         lines += env_section(env, img, rel)
