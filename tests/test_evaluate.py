@@ -73,6 +73,7 @@ def frames_in(path: Path) -> int:
         return reader.count_frames()
 
 
+@pytest.mark.filterwarnings("ignore:os.fork:RuntimeWarning")  # imageio starts ffmpeg: fork + exec at once
 @pytest.mark.parametrize("env_id", ["CartPole-v1", "Breakout-v5"])
 def test_video_has_one_frame_per_step_of_the_recorded_episodes(env_id, capsys):
     module = ppo
