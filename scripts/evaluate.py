@@ -146,6 +146,7 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--video", type=Path, default=None, help="write the first episode(s) to this mp4 file")
     parser.add_argument("--video-episodes", type=int, default=1, help="episodes recorded with --video")
     cli = parser.parse_args(argv)
+    warnings.filterwarnings("ignore", message=".*precision lowered by casting to float32", category=UserWarning)
     if cli.episodes <= 0:
         parser.error(f"--episodes {cli.episodes} must be positive")
     module, args, agent, params, update = load(cli.run_dir, cli.checkpoint)
