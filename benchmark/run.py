@@ -1,6 +1,6 @@
 """The benchmark suite in one command: measure, then regenerate RESULTS.md and the plots.
 
-    python benchmark/run.py            # full: ~50 min on 2 cores -> benchmark/results/, benchmark/RESULTS.md, docs/img/
+    python benchmark/run.py            # full: ~55 min on 2 cores -> benchmark/results/, benchmark/RESULTS.md, docs/img/
     python benchmark/run.py --quick    # smoke test, under 2 min -> benchmark/results/quick/ (RESULTS.md, img/)
     python benchmark/run.py --only e2e stages    # re-measure some parts, keep the others' results
 
