@@ -232,6 +232,15 @@ def work_conserving_limit(cores: int, cpu_s_per_step: dict[str, float]) -> float
     return cores / sum(cpu_s_per_step.values())
 
 
+def cli_parser(doc: str, name: str, quick: str):
+    """The command line every part shares: --quick (with what it measures) and --out."""
+    import argparse
+    p = argparse.ArgumentParser(description=doc.split("\n\n")[0])
+    p.add_argument("--quick", action="store_true", help=quick)
+    p.add_argument("--out", type=Path, default=RESULTS, help=f"directory for {name}.json")
+    return p
+
+
 def save(name: str, data: dict, out_dir: Path = RESULTS) -> Path:
     out_dir.mkdir(parents=True, exist_ok=True)
     path = out_dir / f"{name}.json"

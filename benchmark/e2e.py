@@ -27,10 +27,8 @@ and the machine's CPU utilisation every 0.5 s. Atari: env steps; frames = 4x. Wr
 
 from __future__ import annotations
 
-import argparse
-from pathlib import Path
 
-from common import RESULTS, TASKS, flag_value, impala_flags, run_script, save, spread, steady_rates
+from common import TASKS, cli_parser, flag_value, impala_flags, run_script, save, spread, steady_rates
 
 
 def one_run(script: str, flags: list[str]) -> dict:
@@ -103,10 +101,8 @@ def run(quick: bool, reps: int) -> list[dict]:
 
 
 if __name__ == "__main__":
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--quick", action="store_true", help="PPO, CartPole-v1, a0-l0, async and sync, 1 repetition")
+    parser = cli_parser(__doc__, "e2e", "PPO, CartPole-v1, a0-l0, async and sync, 1 repetition")
     parser.add_argument("--reps", type=int, default=3, help="runs per configuration (median reported)")
-    parser.add_argument("--out", type=Path, default=RESULTS, help="directory for e2e.json")
     cli = parser.parse_args()
     reps = 1 if cli.quick else cli.reps
     print("written:", save("e2e", {"quick": cli.quick, "reps": reps, "rows": run(cli.quick, reps)}, cli.out))

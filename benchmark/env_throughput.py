@@ -20,7 +20,6 @@ Writes benchmark/results/env_throughput.json (or under --out).
 
 from __future__ import annotations
 
-import argparse
 import time
 import warnings
 from functools import partial
@@ -29,7 +28,7 @@ from pathlib import Path
 import gymnasium as gym
 import numpy as np
 
-from common import RESULTS, CpuSampler, save, spread
+from common import CpuSampler, cli_parser, save, spread
 
 warnings.filterwarnings("ignore", module="gymnasium")
 
@@ -139,11 +138,9 @@ def run(quick: bool, reps: int, seconds: float, threads: list[int]) -> list[dict
 
 if __name__ == "__main__":
     import os
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--quick", action="store_true", help="one env count per task, threads = cores, 1 repetition of 0.5 s")
+    parser = cli_parser(__doc__, "env_throughput", "one env count per task, threads = cores, 1 repetition of 0.5 s")
     parser.add_argument("--reps", type=int, default=3, help="repetitions per configuration (median reported)")
     parser.add_argument("--seconds", type=float, default=2.0, help="measurement window per repetition")
-    parser.add_argument("--out", type=Path, default=RESULTS, help="directory for env_throughput.json")
     cli = parser.parse_args()
     cores = os.cpu_count() or 1
     threads = [cores] if cli.quick else sorted({1, cores})

@@ -27,7 +27,6 @@ Writes benchmark/results/stages.json (or under --out).
 
 from __future__ import annotations
 
-import argparse
 import os
 import queue
 import sys
@@ -41,7 +40,7 @@ jax.config.update("jax_num_cpu_devices", 4)
 
 import numpy as np  # noqa: E402
 
-from common import RESULTS, TASKS, save, spread  # noqa: E402
+from common import TASKS, cli_parser, save, spread  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from sebulba import ppo_envpool as ppo  # noqa: E402
@@ -222,11 +221,9 @@ def run(quick: bool, reps: int, seconds: float) -> dict:
 
 
 if __name__ == "__main__":
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--quick", action="store_true", help="CartPole-v1, a0-l0, 1 repetition of 0.5 s windows")
+    parser = cli_parser(__doc__, "stages", "CartPole-v1, a0-l0, 1 repetition of 0.5 s windows")
     parser.add_argument("--reps", type=int, default=3, help="repetitions per measurement (median reported)")
     parser.add_argument("--seconds", type=float, default=3.0, help="measurement window per repetition")
-    parser.add_argument("--out", type=Path, default=RESULTS, help="directory for stages.json")
     cli = parser.parse_args()
     reps, seconds = (1, 0.5) if cli.quick else (cli.reps, cli.seconds)
     results = run(cli.quick, reps, seconds)

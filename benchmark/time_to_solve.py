@@ -14,10 +14,7 @@ under --out).
 
 from __future__ import annotations
 
-import argparse
-from pathlib import Path
-
-from common import IMPALA_CARTPOLE, PPO_CARTPOLE, RESULTS, run_script, save, spread, time_to_return
+from common import IMPALA_CARTPOLE, PPO_CARTPOLE, cli_parser, run_script, save, spread, time_to_return
 
 THRESHOLD = 475.0
 PRESETS = {"PPO": ("ppo_envpool.py", PPO_CARTPOLE), "IMPALA": ("impala_envpool.py", IMPALA_CARTPOLE)}
@@ -46,10 +43,8 @@ def run(quick: bool, seeds: list[int]) -> dict:
 
 
 if __name__ == "__main__":
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--quick", action="store_true", help="PPO, seed 1, stopped once solved")
+    parser = cli_parser(__doc__, "time_to_solve", "PPO, seed 1, stopped once solved")
     parser.add_argument("--seeds", type=int, default=5, help="seeds 1..N per script")
-    parser.add_argument("--out", type=Path, default=RESULTS, help="directory for time_to_solve.json")
     cli = parser.parse_args()
     seeds = [1] if cli.quick else list(range(1, cli.seeds + 1))
     print("written:", save("time_to_solve", {"quick": cli.quick, "threshold": THRESHOLD,
