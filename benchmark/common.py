@@ -244,5 +244,5 @@ def cli_parser(doc: str, name: str, quick: str):
 def save(name: str, data: dict, out_dir: Path = RESULTS) -> Path:
     out_dir.mkdir(parents=True, exist_ok=True)
     path = out_dir / f"{name}.json"
-    path.write_text(json.dumps({"machine": machine(), **data}, indent=2))
+    path.write_text(json.dumps({"machine": machine(), **data}, separators=(",", ":")))  # compact: curves are long
     return path

@@ -31,7 +31,7 @@ def run(quick: bool, seeds: list[int]) -> dict:
             seconds, step = time_to_return(result["lines"], THRESHOLD)
             runs.append({"seed": seed, "seconds": seconds, "global_step": step, "wall_s": result["wall_s"],
                          "final_return": result["summary"].get("episodic_return_mean"),
-                         "curve": [(t, s, r) for t, s, _, r in result["lines"]]})
+                         "curve": [(round(t, 2), s, r if r is None else round(r, 1)) for t, s, _, r in result["lines"]]})
             print(f"{algo} seed {seed}: " + (f"solved at {seconds:.1f} s, {step:,} env steps" if seconds else
                                              f"not solved in {result['wall_s']:.0f} s") +
                   f"; final return {runs[-1]['final_return']}", flush=True)
