@@ -40,6 +40,8 @@ def load(run_dir: Path, checkpoint: int | None):
       SystemExit: no config.json, no checkpoint, or a checkpoint number that does not exist.
     """
     config = run_dir / "config.json"
+    if not run_dir.is_dir():
+        raise SystemExit(f"{run_dir} is not a directory: give a run directory such as runs/<run name>")
     if not config.exists():
         raise SystemExit(f"{run_dir} has no config.json: give a run directory written by a sebulba script")
     saved = json.loads(config.read_text())["args"]

@@ -65,6 +65,8 @@ def test_impala_runs_and_bad_run_dirs(tmp_path):
         evaluate.main([str(run), "--checkpoint", "7"])
     with pytest.raises(SystemExit, match="has no config.json"):
         evaluate.main([str(tmp_path)])
+    with pytest.raises(SystemExit, match="is not a directory"):
+        evaluate.main([str(tmp_path / "missing")])
 
 
 def frames_in(path: Path) -> int:
