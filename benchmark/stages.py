@@ -81,18 +81,15 @@ def env_stage(args: ppo.Args, setup: ppo.Setup, seconds: float) -> tuple[float, 
 
 
 def agent_and_params(args: ppo.Args):
-    spec = ppo.envpool.make_spec(args.env_id, **ppo.env_settings(args))
-    agent = ppo.Agent(spec.action_space.n, tuple(args.channels), tuple(args.hiddens), ppo.is_atari(args.env_id))
-    obs_space = spec.observation_space
-    params = agent.init(jax.random.PRNGKey(0), np.zeros((1, *obs_space.shape), obs_space.dtype))
-    return agent, params, obs_space
+    agent, spec = ppo.make_agent(args)
+    return agent, ppo.init_params(agent, spec, jax.random.PRNGKey(0)), spec.observation_space
 
 
 def actor_stage(args: ppo.Args, setup: ppo.Setup, seconds: float) -> float:
     agent, params, obs_space = agent_and_params(args)
     device = jax.devices()[0]
     slot = ppo.ParamsSlot()
-    slot.publish(0, {device: jax.device_put(params, device)})
+    slot.publish(0, {device: jax.device_put((params, ppo.RunningMoments.create(())), device)})
     policy = ppo.make_policy_fn(agent)
     args = ppo.dataclasses.replace(args, max_policy_lag=10**9, stall_timeout_s=60)
 
@@ -124,14 +121,14 @@ def actor_stage(args: ppo.Args, setup: ppo.Setup, seconds: float) -> float:
 def inference_stage(args: ppo.Args, setup: ppo.Setup, seconds: float) -> float:
     agent, params, obs_space = agent_and_params(args)
     device = jax.devices()[0]
-    params = jax.device_put(params, device)
+    params = jax.device_put((params, ppo.RunningMoments.create(())), device)
     policy = ppo.make_policy_fn(agent)
     obs = np.zeros((setup.async_batch_size, *obs_space.shape), obs_space.dtype)
     key = jax.device_put(jax.random.PRNGKey(0), device)
 
     def step():
         nonlocal key
-        action, logprob, value, key = policy(params, obs, key)
+        action, _, logprob, value, key = policy(params, obs, key)
         np.asarray(action), np.asarray(logprob), np.asarray(value)
         return len(obs)
     timed(step, 0.2)
@@ -150,7 +147,8 @@ def learning_stage(flags: list[str], learners: list[int], seconds: float) -> flo
                           actions=rng.integers(0, agent.num_actions, (t, n)).astype(np.int32),
                           logprobs=np.full((t, n), -1.0, np.float32), values=rng.normal(size=(t, n)).astype(np.float32),
                           rewards=rng.normal(size=(t, n)).astype(np.float32), terminated=rng.random((t, n)) < 0.02,
-                          truncated=np.zeros((t, n), bool), versions=np.zeros((t, n), np.int32))
+                          truncated=np.zeros((t, n), bool), versions=np.zeros((t, n), np.int32),
+                          discounted_returns=np.zeros((t, n), np.float32))
     rollouts = [rollout] * setup.num_actor_threads_total
     key = placement.replicate(np.asarray(jax.random.key_data(jax.random.PRNGKey(0))))
 

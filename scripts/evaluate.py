@@ -1,15 +1,17 @@
 """Evaluate a trained agent: N full episodes on a fresh EnvPool pool, raw episodic returns.
 
     python scripts/evaluate.py runs/CartPole-v1__ppo_envpool__1__1733000000
-    python scripts/evaluate.py RUN_DIR --episodes 32 --sample --seed 7 --json
+    python scripts/evaluate.py RUN_DIR --episodes 32 --greedy --seed 7 --json
 
 Works for runs of sebulba/ppo_envpool.py and sebulba/impala_envpool.py (told apart by their
 saved flags). Loads RUN_DIR/config.json and the newest checkpoint (or --checkpoint N),
 rebuilds the network, and runs one episode in each of N envs of a fresh pool with the
 training protocol's env settings (Atari: Machado et al. 2018, sticky actions; with no
 life-loss episodes, so an episode is a whole game whatever --episodic-life was in training).
-Taking the first episode of each env does not favour short episodes. Actions are greedy
-(argmax of the policy logits) or, with --sample, drawn from the policy. Prints the mean ±
+Taking the first episode of each env does not favour short episodes. Actions are drawn
+from the policy, as in training, or with --greedy are its mode (argmax of the logits; the
+Gaussian mean, clipped to the action bounds). Observations are normalised with the statistics saved in the
+checkpoint when the run used --norm-obs. Prints the mean ±
 standard deviation of the raw (unclipped) return and of the length in env steps (Atari:
 frames = 4x), or a JSON object with --json. --video PATH writes the first --video-episodes
 episodes as one mp4 (EnvPool's rgb_array frames; imageio with ffmpeg). A run directory without a config or the named
@@ -34,7 +36,8 @@ sys.path.insert(0, str(ROOT))
 
 
 def load(run_dir: Path, checkpoint: int | None):
-    """(script module, Args, Agent, params on the first local device, checkpoint update).
+    """(script module, Args, Agent, env spec, (params, observation statistics) on the first local
+    device, checkpoint update).
 
     Raises:
       SystemExit: no config.json, no checkpoint, or a checkpoint number that does not exist.
@@ -56,63 +59,44 @@ def load(run_dir: Path, checkpoint: int | None):
         raise SystemExit(f"{run_dir}/checkpoints has {f'checkpoints {sorted(steps)}' if steps else 'no checkpoint'}"
                          + (f", not {checkpoint}" if checkpoint is not None and steps else ""))
     update = checkpoint if checkpoint is not None else max(steps)
-    spec = module.envpool.make_spec(args.env_id, **module.env_settings(args))
-    agent = module.Agent(spec.action_space.n, tuple(args.channels), tuple(args.hiddens), module.is_atari(args.env_id))
-    obs_space = spec.observation_space
-    params = agent.init(module.jax.random.PRNGKey(0), np.zeros((1, *obs_space.shape), obs_space.dtype))
+    agent, spec = module.make_agent(args)
     device = module.jax.local_devices()[0]
     # A one-device learner "mesh": orbax reshards whatever layout the run was saved from.
     placement = module.Placement([device], [device])
-    like, _ = module.make_train_state(args, module.resolve(dataclasses.replace(args, distributed=False)), params,
-                                      placement)
+    like, _ = module.make_train_state(args, module.resolve(dataclasses.replace(args, distributed=False)),
+                                      module.init_params(agent, spec, module.jax.random.PRNGKey(0)), placement)
     abstract = module.jax.tree.map(module.ocp.utils.to_shape_dtype_struct, like)
     state = manager.restore(update, args=module.ocp.args.Composite(
         state=module.ocp.args.StandardRestore(abstract))).state
     manager.close()
-    return module, args, agent, state.params, update
+    return module, args, agent, spec, (state.params, state.obs_moments), update
 
 
-def evaluate(module, args, agent, params, episodes: int, seed: int, sample: bool, video: Path | None = None,
+def evaluate(module, args, agent, spec, params, episodes: int, seed: int, greedy: bool, video: Path | None = None,
              video_episodes: int = 1) -> dict:
-    """One episode in each of `episodes` envs; raw returns and lengths in env-id order. With
-    `video`, the episodes of the first `video_episodes` envs are rendered (EnvPool rgb_array
-    frames: the first observation, then one frame per env step) and written one after the
-    other to that mp4 file."""
-    jax, jnp = module.jax, module.jnp
-
-    @jax.jit
-    def act(params, obs, key):
-        logits, _ = agent.apply(params, obs)
-        key, sample_key = jax.random.split(key)
-        action = jax.random.categorical(sample_key, logits) if sample else jnp.argmax(logits, axis=-1)
-        return action.astype(jnp.int32), key
-
+    """One episode in each of `episodes` envs with `params` = (network params, observation
+    statistics); raw returns and lengths in env-id order. With `video`, the episodes of the
+    first `video_episodes` envs are rendered (EnvPool rgb_array frames: the first observation,
+    then one frame per env step) and written one after the other to that mp4 file."""
     args = dataclasses.replace(args, episodic_life=False)  # an episode is a whole game
     threads = min(episodes, os.cpu_count() or 1)
-    envs = (module.make_envs(args, episodes, episodes, seed=seed, num_threads=threads) if video is None else
-            module.envpool.make(args.env_id, env_type="gymnasium", num_envs=episodes, batch_size=episodes, seed=seed,
-                                num_threads=threads, render_mode="rgb_array", **module.env_settings(args)))
+    if video is not None and module.is_mujoco(args.env_id) and os.environ.get("MUJOCO_GL") not in ("egl", "osmesa"):
+        raise SystemExit("--video on a MuJoCo task needs an OpenGL platform: set MUJOCO_GL=egl (GPU) or "
+                         "MUJOCO_GL=osmesa (CPU, with libOSMesa installed)")
+    envs = module.envpool.make(args.env_id, env_type="gymnasium", num_envs=episodes, batch_size=episodes, seed=seed,
+                               num_threads=threads, **({"render_mode": "rgb_array"} if video else {}),
+                               **module.env_settings(args))
     recorded = list(range(min(video_episodes, episodes))) if video is not None else []
     frames: list[list[np.ndarray]] = [[] for _ in recorded]
 
     def record(running):
-        if recorded:
-            for i, frame in zip(recorded, envs.render(env_ids=recorded)):
-                if running[i]:
-                    frames[i].append(frame)
+        for i, frame in zip(recorded, envs.render(env_ids=recorded)):
+            if running[i]:
+                frames[i].append(frame)
 
-    returns, lengths = np.zeros(episodes), np.zeros(episodes, np.int64)
-    running = np.ones(episodes, bool)
-    key = jax.random.PRNGKey(seed)
-    obs, _ = envs.reset()
-    record(running)
-    while running.any():
-        action, key = act(params, obs, key)
-        obs, reward, terminated, truncated, _ = envs.step(np.asarray(action))
-        returns += np.where(running, reward, 0.0)
-        lengths += running
-        record(running)  # the frame of this step, the last one included
-        running &= ~(terminated | truncated)
+    policy = module.make_policy_fn(agent, spec.action_space, greedy=greedy)
+    returns, lengths, _ = module.run_episodes(envs, policy, params, module.jax.random.PRNGKey(seed),
+                                              record=record if recorded else None)
     envs.close()
     result = {"episodes": episodes, "return_mean": float(returns.mean()), "return_std": float(returns.std()),
               "length_mean": float(lengths.mean()), "length_std": float(lengths.std()),
@@ -142,7 +126,8 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("run_dir", type=Path, help="runs/<run name> of a training run")
     parser.add_argument("--checkpoint", type=int, default=None, help="update number of the checkpoint; default newest")
     parser.add_argument("--episodes", type=int, default=10, help="episodes (one per env of the pool)")
-    parser.add_argument("--sample", action="store_true", help="sample actions from the policy instead of argmax")
+    parser.add_argument("--greedy", action="store_true", help="the policy's mode (argmax; Gaussian mean) instead of "
+                        "sampled actions (on Atari a greedy policy can stall a game until the 27k-step limit)")
     parser.add_argument("--seed", type=int, default=0, help="env and action seed")
     parser.add_argument("--json", action="store_true", help="print one JSON object instead of a line of text")
     parser.add_argument("--video", type=Path, default=None, help="write the first episode(s) to this mp4 file")
@@ -151,10 +136,10 @@ def main(argv: list[str] | None = None) -> dict:
     warnings.filterwarnings("ignore", message=".*precision lowered by casting to float32", category=UserWarning)
     if cli.episodes <= 0:
         parser.error(f"--episodes {cli.episodes} must be positive")
-    module, args, agent, params, update = load(cli.run_dir, cli.checkpoint)
+    module, args, agent, spec, params, update = load(cli.run_dir, cli.checkpoint)
     result = {"run_dir": str(cli.run_dir), "env_id": args.env_id, "checkpoint": update, "seed": cli.seed,
-              "policy": "sampled" if cli.sample else "greedy",
-              **evaluate(module, args, agent, params, cli.episodes, cli.seed, cli.sample, cli.video,
+              "policy": "greedy" if cli.greedy else "sampled",
+              **evaluate(module, args, agent, spec, params, cli.episodes, cli.seed, cli.greedy, cli.video,
                          cli.video_episodes)}
     if cli.json:
         print(json.dumps(result))

@@ -95,6 +95,17 @@ class Args:
     """EnvPool worker threads per pool; 0 = this machine's cores divided over the actor threads"""
     episodic_life: bool = False
     """Atari: end a training episode at every life loss (the raw game return is still logged per game)"""
+    norm_obs: bool | None = None
+    """normalise observations by their running mean and std (clipped to +-10); None = on for MuJoCo tasks"""
+    norm_reward: bool | None = None
+    """scale training rewards by the running std of the discounted return (clipped to +-10); None = on for MuJoCo"""
+    eval_interval: int = 0
+    """evaluate the newest params every this many updates in a separate thread on its own pool (eval/*); 0 = never"""
+    eval_episodes: int = 10
+    """episodes per evaluation (one per env of the eval pool), also of the final one in summary.json; 0 = none"""
+    eval_greedy: bool = False
+    """evaluate with the policy's mode (argmax; the Gaussian mean) instead of sampled actions (on Atari a greedy
+    policy can stall a game until the 27k-step limit)"""
 
     learning_rate: float = 6e-4
     """optimizer learning rate"""
@@ -165,6 +176,17 @@ def _nearest_multiples(value: int, divisor: int) -> str:
 
 def is_atari(env_id: str) -> bool:
     return type(envpool.make_spec(env_id)).__name__ == "AtariEnvSpec"
+
+
+def is_mujoco(env_id: str) -> bool:
+    return envpool.registration.registry.specs[env_id][0].startswith("envpool.mujoco")  # (module, spec class, kw)
+
+
+def normalization(args: Args) -> tuple[bool, bool]:
+    """(--norm-obs, --norm-reward) with None resolved: on for MuJoCo tasks, off otherwise."""
+    default = is_mujoco(args.env_id)
+    return (default if args.norm_obs is None else args.norm_obs,
+            default if args.norm_reward is None else args.norm_reward)
 
 
 HEARTBEAT_TIMEOUT_S = 20  # a process silent this long is dead: jax.distributed ends the others
@@ -256,7 +278,7 @@ def resolve(args: Args, cluster: Cluster = Cluster()) -> Setup:
     for name in ("gamma", "vtrace_lambda"):
         if not 0 < getattr(args, name) <= 1:
             raise ConfigError(f"--{name.replace('_', '-')}={getattr(args, name)} must be in (0, 1]")
-    for name in ("max_policy_lag", "checkpoint_interval", "ent_coef", "vf_coef"):
+    for name in ("max_policy_lag", "checkpoint_interval", "ent_coef", "vf_coef", "eval_interval", "eval_episodes"):
         if getattr(args, name) < 0:
             raise ConfigError(f"--{name.replace('_', '-')}={getattr(args, name)} must be >= 0")
     if not args.actor_device_ids or not args.learner_device_ids:
@@ -268,8 +290,11 @@ def resolve(args: Args, cluster: Cluster = Cluster()) -> Setup:
         close = difflib.get_close_matches(args.env_id, envpool.list_all_envs(), n=3)
         hint = f"; did you mean {', '.join(close)}?" if close else "; see envpool.list_all_envs()"
         raise ConfigError(f"--env-id {args.env_id} is not an EnvPool task{hint}")
-    if envpool.make_spec(args.env_id).action_space.__class__.__name__ != "Discrete":
-        raise ConfigError(f"--env-id {args.env_id} has continuous actions; this script supports discrete tasks")
+    if args.eval_interval and not args.eval_episodes:
+        raise ConfigError(f"--eval-interval={args.eval_interval} needs --eval-episodes > 0")
+    if is_atari(args.env_id) and any(normalization(args)):
+        raise ConfigError("--norm-obs and --norm-reward are for vector observations; Atari frames are scaled by 1/255 "
+                          "and rewards clipped to [-1, 1]")
     n = args.local_num_envs
     lockstep = args.deterministic or args.max_policy_lag == 0  # every env in every recv
     if lockstep and args.async_batch_size not in (None, n):
@@ -424,25 +449,108 @@ class MLPEncoder(nn.Module):
         return x
 
 
-class Agent(nn.Module):
-    """Categorical policy and value heads. Atari: one shared ResNet; vector observations:
-    separate policy and value MLPs (as in CleanRL's classic-control PPO), so the value
-    loss does not swamp the policy's features. Returns (logits [B, A], value [B])."""
+class RunningMoments(NamedTuple):
+    """Running mean and variance of a stream of samples, each of the shape of `mean`."""
 
-    num_actions: int
+    mean: jax.Array  # float32
+    var: jax.Array  # float32, population variance
+    count: jax.Array  # float32 scalar, samples seen (starts at 1e-4, as gym's RunningMeanStd)
+
+    @staticmethod
+    def create(shape) -> RunningMoments:
+        return RunningMoments(jnp.zeros(shape, jnp.float32), jnp.ones(shape, jnp.float32), jnp.float32(1e-4))
+
+    def normalize(self, x):
+        """(x - mean) / std, clipped to [-10, 10] (as CleanRL's MuJoCo PPO)."""
+        return jnp.clip((x - self.mean) / jnp.sqrt(self.var + 1e-8), -10.0, 10.0)
+
+    def update(self, x, axis_name: str) -> RunningMoments:
+        """Add the samples x [T, n, *shape] of every device on mesh axis `axis_name` (equal n
+        on each): the batch's moments in two passes over the mesh, merged with the running ones
+        by Chan et al. (1979)'s parallel rule. Inside shard_map; the result is invariant."""
+        x = x.reshape((-1,) + self.mean.shape).astype(jnp.float32)
+        count = x.shape[0] * jax.lax.psum(1, axis_name)
+        mean = jax.lax.pmean(jnp.mean(x, axis=0), axis_name)
+        var = jax.lax.pmean(jnp.mean(jnp.square(x - mean), axis=0), axis_name)
+        total = self.count + count
+        delta = mean - self.mean
+        m2 = self.var * self.count + var * count + jnp.square(delta) * self.count * count / total
+        return RunningMoments(self.mean + delta * count / total, m2 / total, total)
+
+
+class Agent(nn.Module):
+    """Policy and value heads. Atari: one shared ResNet; vector observations: separate policy
+    and value MLPs (as in CleanRL's classic-control and MuJoCo PPO), so the value loss does not
+    swamp the policy's features. With `norm_obs`, observations are first normalised by
+    `obs_moments`. Returns (policy, value [B]) where policy is logits [B, A] for discrete
+    actions, or (mean [B, A], log_std [B, A]) of a diagonal Gaussian whose log-std is a learned,
+    state-independent vector (Schulman et al. 2017's MuJoCo setup)."""
+
+    num_actions: int  # discrete: actions; continuous: action dimensions
     channels: tuple[int, ...]
     hiddens: tuple[int, ...]
     atari: bool
+    continuous: bool = False
+    norm_obs: bool = False
 
     @nn.compact
-    def __call__(self, obs):
+    def __call__(self, obs, obs_moments: RunningMoments | None = None):
+        if self.norm_obs:
+            obs = obs_moments.normalize(obs)
         if self.atari:
             policy_x = value_x = ImpalaEncoder(self.channels, self.hiddens)(obs)
         else:
             policy_x, value_x = MLPEncoder(self.hiddens)(obs), MLPEncoder(self.hiddens)(obs)
-        logits = nn.Dense(self.num_actions, kernel_init=nn.initializers.orthogonal(0.01))(policy_x)
+        policy = nn.Dense(self.num_actions, kernel_init=nn.initializers.orthogonal(0.01))(policy_x)
+        if self.continuous:
+            log_std = self.param("log_std", nn.initializers.zeros, (self.num_actions,))
+            policy = (policy, jnp.broadcast_to(log_std, policy.shape))
         value = nn.Dense(1, kernel_init=nn.initializers.orthogonal(1.0))(value_x)[:, 0]
-        return logits, value
+        return policy, value
+
+
+def make_agent(args: Args):
+    """(Agent for --env-id's observation and action spaces, the env spec with the training protocol's settings)."""
+    spec = envpool.make_spec(args.env_id, **env_settings(args))
+    continuous = type(spec.action_space).__name__ == "Box"
+    num_actions = spec.action_space.shape[0] if continuous else spec.action_space.n
+    agent = Agent(num_actions, tuple(args.channels), tuple(args.hiddens), is_atari(args.env_id), continuous,
+                  normalization(args)[0])
+    return agent, spec
+
+
+def init_params(agent: Agent, spec, key):
+    obs_space = spec.observation_space
+    return agent.init(key, np.zeros((1, *obs_space.shape), obs_space.dtype), RunningMoments.create(obs_space.shape))
+
+
+# Action distributions: `policy` is logits [B, A] (categorical) or (mean, log_std) [B, A] each (diagonal Gaussian).
+
+
+def log_prob(policy, actions):
+    """log pi(a|s) [B] of actions [B] int32 (categorical) or [B, A] float32 (Gaussian, unclipped
+    sample: the env receives it clipped to the action space, the loss sees it as sampled)."""
+    if isinstance(policy, tuple):
+        mean, log_std = policy
+        z = (actions - mean) / jnp.exp(log_std)
+        return jnp.sum(-0.5 * jnp.square(z) - log_std - 0.5 * jnp.log(2 * jnp.pi), axis=-1)
+    return jnp.take_along_axis(jax.nn.log_softmax(policy), actions[..., None], axis=-1)[..., 0]
+
+
+def entropy(policy):
+    """Entropy [B] in nats."""
+    if isinstance(policy, tuple):
+        return jnp.sum(policy[1] + 0.5 * jnp.log(2 * jnp.pi * jnp.e), axis=-1)
+    logp = jax.nn.log_softmax(policy)
+    return -jnp.sum(jnp.exp(logp) * logp, axis=-1)
+
+
+def sample_action(policy, key, greedy: bool = False):
+    """An action per row: sampled, or with `greedy` the mode (argmax; the Gaussian mean)."""
+    if isinstance(policy, tuple):
+        mean, log_std = policy
+        return mean if greedy else mean + jnp.exp(log_std) * jax.random.normal(key, mean.shape)
+    return (jnp.argmax(policy, axis=-1) if greedy else jax.random.categorical(key, policy)).astype(jnp.int32)
 
 
 # ---------------------------------------------------------------------------
@@ -514,11 +622,10 @@ def impala_loss(params, apply_fn, rollout, args):
     ignored), so that step carries no gradient. Every mean is over unmasked transitions.
     Returns (loss, metrics dict).
     """
-    t1, n = rollout.actions.shape
-    logits, values = apply_fn(params, rollout.obs.reshape((t1 * n,) + rollout.obs.shape[2:]))
-    logits, values = logits.reshape(t1, n, -1), values.reshape(t1, n)
-    logp_all = jax.nn.log_softmax(logits[:-1])
-    logprobs = jnp.take_along_axis(logp_all, rollout.actions[:-1, :, None], axis=-1)[..., 0]
+    t1, n = rollout.actions.shape[:2]
+    policy, values = apply_fn(params, rollout.obs.reshape((t1 * n,) + rollout.obs.shape[2:]))
+    policy, values = jax.tree.map(lambda x: x.reshape(t1, n, -1)[:-1], policy), values.reshape(t1, n)
+    logprobs = log_prob(policy, rollout.actions[:-1])
     terminated, truncated = rollout.terminated[1:].astype(jnp.float32), rollout.truncated[1:].astype(jnp.float32)
     mask = 1.0 - (rollout.terminated[:-1] | rollout.truncated[:-1]).astype(jnp.float32)
     targets = vtrace(values, rollout.rewards[1:], args.gamma * (1.0 - terminated),
@@ -526,9 +633,9 @@ def impala_loss(params, apply_fn, rollout, args):
                      args.rho_clip, args.c_clip, args.vtrace_lambda)
     pg_loss = -masked_mean(targets.pg_advantages * logprobs, mask)
     v_loss = 0.5 * masked_mean(jnp.square(targets.vs - values[:-1]), mask)
-    entropy = masked_mean(-jnp.sum(jnp.exp(logp_all) * logp_all, axis=-1), mask)
-    loss = pg_loss - args.ent_coef * entropy + args.vf_coef * v_loss
-    metrics = dict(policy_loss=pg_loss, value_loss=v_loss, entropy=entropy,
+    mean_entropy = masked_mean(entropy(policy), mask)
+    loss = pg_loss - args.ent_coef * mean_entropy + args.vf_coef * v_loss
+    metrics = dict(policy_loss=pg_loss, value_loss=v_loss, entropy=mean_entropy,
                    approx_kl=masked_mean(-(logprobs - rollout.logprobs[:-1]), mask),
                    rho_clipfrac=masked_mean((targets.rhos > args.rho_clip).astype(jnp.float32), mask))
     return loss, metrics
@@ -542,10 +649,12 @@ class Rollout(NamedTuple):
     """num_steps + 1 rows per env. Row t holds what `recv` returned for obs_t and the action
     taken on it; row num_steps is also row 0 of the env's next rollout.
 
-    obs [T+1, N, *obs]; actions [T+1, N] int32; logprobs, values [T+1, N] float32 (behaviour
-    policy); rewards [T+1, N] float32 (training reward received *with* obs_t, i.e. of
-    transition t-1); terminated, truncated [T+1, N] bool (obs_t ended its episode); versions
-    [T+1, N] int32 (params version that chose actions[t]).
+    obs [T+1, N, *obs]; actions [T+1, N] int32 or [T+1, N, A] float32 (Box: as sampled, before
+    clipping to the bounds); logprobs, values [T+1, N] float32 (behaviour policy); rewards
+    [T+1, N] float32 (training reward received *with* obs_t, i.e. of transition t-1);
+    terminated, truncated [T+1, N] bool (obs_t ended its episode); versions [T+1, N] int32
+    (params version that chose actions[t]); discounted_returns [T+1, N] float32 (discounted
+    sum of the episode's training rewards up to obs_t: --norm-reward's statistic).
     """
 
     obs: np.ndarray
@@ -556,6 +665,7 @@ class Rollout(NamedTuple):
     terminated: np.ndarray
     truncated: np.ndarray
     versions: np.ndarray
+    discounted_returns: np.ndarray
 
 
 class RolloutAssembler:
@@ -570,10 +680,12 @@ class RolloutAssembler:
     max_pending = 8  # rollouts one env may run ahead of the slowest before we call it starvation
 
     def __init__(self, num_envs: int, num_steps: int, obs_shape, obs_dtype, clip_rewards: bool, episodic_life: bool,
-                 first_rollout: int = 0):
+                 first_rollout: int = 0, action_shape=(), action_dtype=np.int32, gamma: float = 0.99):
         self.num_envs, self.num_steps = num_envs, num_steps
         self.obs_shape, self.obs_dtype = tuple(obs_shape), obs_dtype
-        self.clip_rewards, self.episodic_life = clip_rewards, episodic_life
+        self.action_shape, self.action_dtype = tuple(action_shape), action_dtype
+        self.clip_rewards, self.episodic_life, self.gamma = clip_rewards, episodic_life, gamma
+        self.discounted_return = np.zeros(num_envs, np.float32)
         self.generation = np.full(num_envs, first_rollout, np.int64)  # rollout index each env is writing
         self.row = np.zeros(num_envs, np.int64)  # next row in that rollout
         self.buffers: dict[int, Rollout] = {}
@@ -592,9 +704,9 @@ class RolloutAssembler:
                                    "env stepping is starved - use fewer envs per thread or a larger --async-batch-size")
             shape = (self.num_steps + 1, self.num_envs)
             self.buffers[generation] = Rollout(
-                np.zeros(shape + self.obs_shape, self.obs_dtype), np.zeros(shape, np.int32),
+                np.zeros(shape + self.obs_shape, self.obs_dtype), np.zeros(shape + self.action_shape, self.action_dtype),
                 np.zeros(shape, np.float32), np.zeros(shape, np.float32), np.zeros(shape, np.float32),
-                np.zeros(shape, bool), np.zeros(shape, bool), np.zeros(shape, np.int32))
+                np.zeros(shape, bool), np.zeros(shape, bool), np.zeros(shape, np.int32), np.zeros(shape, np.float32))
         return self.buffers[generation]
 
     def action_generation(self, env_id):
@@ -615,9 +727,12 @@ class RolloutAssembler:
             self.episode_lengths.append(int(self.game_length[e]))
         self.game_return[env_id[game_over]] = 0.0
         self.game_length[env_id[game_over]] = 0
-        self.prev_done[env_id] = done
         train_reward = np.clip(reward, -1.0, 1.0) if self.clip_rewards else reward
-        fields = (obs, actions, logprobs, values, train_reward, terminated, truncated, version)
+        continues = ~self.prev_done[env_id]  # an episode's first obs starts a new discounted return
+        self.discounted_return[env_id] = self.gamma * continues * self.discounted_return[env_id] + train_reward
+        self.prev_done[env_id] = done
+        fields = (obs, actions, logprobs, values, train_reward, terminated, truncated, version,
+                  self.discounted_return[env_id])
 
         generations, rows = self.generation[env_id], self.row[env_id]
         for g in np.unique(generations):
@@ -753,16 +868,22 @@ class Timer:
 # Actor thread.
 
 
-def make_policy_fn(agent: Agent):
-    """jit(params, obs [B, *obs], key) -> (action [B] int32, logprob [B], value [B], key)."""
+def make_policy_fn(agent: Agent, action_space=None, greedy: bool = False):
+    """jit((params, obs_moments), obs [B, *obs], key) -> (action, env action, logprob [B], value [B], key).
+
+    The action is what the behaviour policy sampled ([B] int32, or [B, A] float32); the env
+    action is the same clipped to a Box `action_space`'s bounds, what `send` gets. `greedy`
+    takes the policy's mode instead of sampling (evaluation)."""
+    bounds = (action_space.low, action_space.high) if agent.continuous else None
 
     @jax.jit
     def policy(params, obs, key):
-        logits, value = agent.apply(params, obs)
+        params, obs_moments = params
+        dist, value = agent.apply(params, obs, obs_moments)
         key, sample_key = jax.random.split(key)
-        action = jax.random.categorical(sample_key, logits)
-        logprob = jnp.take_along_axis(jax.nn.log_softmax(logits), action[:, None], axis=-1)[:, 0]
-        return action.astype(jnp.int32), logprob, value, key
+        action = sample_action(dist, sample_key, greedy)
+        env_action = action if bounds is None else jnp.clip(action, *bounds)
+        return action, env_action, log_prob(dist, action), value, key
 
     return policy
 
@@ -802,10 +923,10 @@ def run_actor(envs, policy, device: jax.Device, key, params_slot: ParamsSlot, ro
         with timer("params_wait_time_s"):
             version, params = params_slot.wait(needed, stop, args.stall_timeout_s, name, exact=args.deterministic)
         with timer("inference_time_s"):
-            action, logprob, value, key = policy(params[device], obs, key)
+            action, env_action, logprob, value, key = policy(params[device], obs, key)
             action, logprob, value = np.asarray(action), np.asarray(logprob), np.asarray(value)
         with timer("env_send_time_s"):
-            envs.send(action, env_id)
+            envs.send(np.asarray(env_action), env_id)
         with timer("rollout_assembly_time_s"):
             completed = assembler.add(env_id, obs, reward, terminated, truncated, lives,
                                       action, logprob, value, version)
@@ -827,6 +948,76 @@ def env_segments(start_update: int, num_updates: int, args: Args) -> list[tuple[
     interval = args.checkpoint_interval
     cuts = [start_update, *range((start_update // interval + 1) * interval, num_updates, interval), num_updates]
     return list(itertools.pairwise(cuts))
+
+
+# ---------------------------------------------------------------------------
+# Evaluation: whole episodes on a pool of its own.
+
+
+def run_episodes(envs, policy, params, key, stop=None, record=None):
+    """One episode in each env of a synchronous pool (batch = all envs), with `policy` from
+    make_policy_fn. Returns (raw returns [N] float64, lengths [N] int64 in env steps, key), in
+    env-id order. `record(running)` is called after the reset and after every step (video);
+    `stop` is checked every step.
+
+    Raises:
+      Stopped: `stop` was set.
+    """
+    num_envs = envs.config["num_envs"]
+    returns, lengths, running = np.zeros(num_envs), np.zeros(num_envs, np.int64), np.ones(num_envs, bool)
+    obs, _ = envs.reset()
+    if record:
+        record(running)
+    while running.any():
+        if stop is not None and stop.is_set():
+            raise Stopped
+        _, env_action, _, _, key = policy(params, obs, key)
+        obs, reward, terminated, truncated, _ = envs.step(np.asarray(env_action))
+        returns += np.where(running, reward, 0.0)
+        lengths += running
+        if record:
+            record(running)  # the frame of this step, the last one included
+        running &= ~(terminated | truncated)
+    return returns, lengths, key
+
+
+class Evaluator:
+    """--eval-episodes whole episodes (Atari: whole games, no life-loss episodes) with the
+    training protocol's env settings on a pool of its own (one EnvPool thread), one per env,
+    actions sampled from the policy (its mode with --eval-greedy). Returns eval/* metrics: raw
+    episodic return mean and std, mean length in env steps, seconds taken. `close()` closes
+    the pool."""
+
+    def __init__(self, args: Args, agent: Agent, spec, seed: int):
+        self.envs = make_envs(dataclasses.replace(args, episodic_life=False), args.eval_episodes, args.eval_episodes,
+                              seed, num_threads=1)
+        self.policy = make_policy_fn(agent, spec.action_space, greedy=args.eval_greedy)
+        self.key = jax.random.PRNGKey(seed)
+
+    def __call__(self, params, stop) -> dict[str, float]:
+        start = time.perf_counter()
+        returns, lengths, self.key = run_episodes(self.envs, self.policy, params, self.key, stop)
+        return {"eval/episodic_return_mean": float(returns.mean()), "eval/episodic_return_std": float(returns.std()),
+                "eval/episodic_length_mean": float(lengths.mean()), "eval/time_s": time.perf_counter() - start}
+
+    def close(self):
+        self.envs.close()
+
+
+def run_evaluator(run: Run, evaluator: Evaluator, device: jax.Device, stop):
+    """Eval thread: each time the learner publishes a multiple of --eval-interval (before the
+    last update, which the final evaluation covers), evaluate the newest params on `device`
+    and queue the metrics, with the version evaluated, for the learner to log."""
+    interval = run.args.eval_interval
+    version = run.start_update
+    try:
+        while (wanted := (version // interval + 1) * interval) < run.setup.num_updates:
+            # No deadline: stalls are the actors' and the learner's to detect; `stop` ends the wait.
+            version, params = run.params_slot.wait(wanted, stop, float("inf"), "evaluator")
+            metrics = evaluator(params[device], stop) | {"eval/params_version": float(version)}
+            timed_put(run.eval_results, metrics, stop, run.args.stall_timeout_s, "evaluator")
+    finally:
+        evaluator.close()
 
 
 # ---------------------------------------------------------------------------
@@ -875,8 +1066,31 @@ def host(x) -> np.ndarray:
     return np.asarray(x.addressable_data(0))
 
 
+class LearnerState(TrainState):
+    """TrainState (params, optimiser state, step) and the running statistics of --norm-obs
+    (obs_moments, of the obs shape; scalar when off) and --norm-reward (return_moments)."""
+
+    obs_moments: RunningMoments
+    return_moments: RunningMoments
+
+
+def make_normalizer_update(args: Args, mesh: Mesh):
+    """jit(shard_map): (obs_moments, return_moments, Rollout sharded on the env axis) -> both
+    updated with the rollout's new rows 1..T (observations; discounted returns) where
+    --norm-obs / --norm-reward are on; the identity when both are off."""
+    norm_obs, norm_reward = normalization(args)
+
+    def refresh(obs_moments: RunningMoments, return_moments: RunningMoments, rollout: Rollout):
+        return (obs_moments.update(rollout.obs[1:], "learner") if norm_obs else obs_moments,
+                return_moments.update(rollout.discounted_returns[1:], "learner") if norm_reward else return_moments)
+
+    if not (norm_obs or norm_reward):
+        return lambda obs_moments, return_moments, _: (obs_moments, return_moments)
+    return jax.jit(jax.shard_map(refresh, mesh=mesh, in_specs=(P(), P(), P(None, "learner")), out_specs=P()))
+
+
 def make_train_state(args: Args, setup: Setup, params, placement: Placement):
-    """The learner's TrainState (RMSProp as in IMPALA, decay 0.99 and eps 0.01, or Adam; after
+    """The learner's LearnerState (fresh statistics; RMSProp as in IMPALA, decay 0.99 and eps 0.01, or Adam; after
     global-norm clipping) replicated over the learner mesh, and its learning-rate schedule
     (linear to 0 over the updates with --anneal-lr)."""
     lr_schedule = optax.linear_schedule(args.learning_rate, 0.0 if args.anneal_lr else args.learning_rate,
@@ -884,32 +1098,49 @@ def make_train_state(args: Args, setup: Setup, params, placement: Placement):
     optimizer = (optax.rmsprop(lr_schedule, decay=0.99, eps=0.01) if args.optimizer == "rmsprop"
                  else optax.adam(lr_schedule, eps=1e-5))
     tx = optax.chain(optax.clip_by_global_norm(args.max_grad_norm), optimizer)
-    return placement.replicate(TrainState.create(apply_fn=None, params=params, tx=tx)), lr_schedule
+    obs_shape = make_agent(args)[1].observation_space.shape if normalization(args)[0] else ()
+    state = LearnerState.create(apply_fn=None, params=params, tx=tx, obs_moments=RunningMoments.create(obs_shape),
+                                return_moments=RunningMoments.create(()))
+    return placement.replicate(state), lr_schedule
 
 
 def make_update_fn(args: Args, agent: Agent, mesh: Mesh):
-    """IMPALA update over the learner mesh: (TrainState, Rollout [T+1, envs] sharded on the env
-    axis, key) -> (TrainState, metrics dict of scalars).
+    """IMPALA update over the learner mesh: (LearnerState, Rollout [T+1, envs] sharded on the env
+    axis, key) -> (LearnerState, metrics dict of scalars).
 
-    One compiled `jit(shard_map(...))` program and one gradient step per batch: each device
+    First the --norm-obs / --norm-reward statistics take in the rollout (the update then
+    normalises with them; actors receive them with the params); with --norm-reward rewards are
+    divided by the running std of the discounted return and clipped to [-10, 10]. One compiled `jit(shard_map(...))` program and one gradient step per batch: each device
     computes V-trace and the loss on its env slice, gradients are `lax.pmean`'d over
     "learner". V-trace's backward `lax.scan` runs on stop-gradient values, so no conv-net
     gradient sits inside a loop (the XLA:CPU slowdown of docs/performance.md does not
     apply). `key` is unused (no shuffling); it keeps the signature shared with PPO's.
     """
 
-    def update(state: TrainState, rollout: Rollout):
+    norm_reward = normalization(args)[1]
+    refresh_normalizers = make_normalizer_update(args, mesh)
+
+    def update(state: LearnerState, rollout: Rollout):
+        if norm_reward:
+            scale = jax.lax.rsqrt(state.return_moments.var + 1e-8)
+            rollout = rollout._replace(rewards=jnp.clip(rollout.rewards * scale, -10.0, 10.0))
         # Params are replicated (invariant over "learner"); the gradient of an invariant input
         # would come back already summed over devices. Casting to varying keeps it local, so
         # the pmean below averages it.
         params = jax.lax.pcast(state.params, "learner", to="varying")
-        (_, metrics), grads = jax.value_and_grad(impala_loss, has_aux=True)(params, agent.apply, rollout, args)
+        (_, metrics), grads = jax.value_and_grad(impala_loss, has_aux=True)(
+            params, lambda p, obs: agent.apply(p, obs, state.obs_moments), rollout, args)
         grads = jax.lax.pmean(grads, "learner")
         metrics = jax.tree.map(lambda m: jax.lax.pmean(m, "learner"), metrics)
         return state.apply_gradients(grads=grads), metrics
 
     update = jax.jit(jax.shard_map(update, mesh=mesh, in_specs=(P(), P(None, "learner")), out_specs=(P(), P())))
-    return lambda state, rollout, key: update(state, rollout)
+
+    def refresh_and_update(state: LearnerState, rollout: Rollout, key):
+        obs_moments, return_moments = refresh_normalizers(state.obs_moments, state.return_moments, rollout)
+        return update(state.replace(obs_moments=obs_moments, return_moments=return_moments), rollout)
+
+    return refresh_and_update
 
 
 # ---------------------------------------------------------------------------
@@ -985,8 +1216,8 @@ def read_resume_meta(directory: Path, args: Args, num_processes: int = 1) -> dic
 
 
 class Checkpointer:
-    """orbax checkpoints in runs/<run>/checkpoints/<update>: the TrainState (params, optimizer
-    state, step) and JSON metadata (update and env-step counters, learner PRNG key, recent
+    """orbax checkpoints in runs/<run>/checkpoints/<update>: the LearnerState (params, optimizer
+    state, step, normalisation statistics) and JSON metadata (update and env-step counters, learner PRNG key, recent
     episodes, W&B run id, the flags). orbax writes to a temporary directory and renames it
     when complete, so a checkpoint half-written when the process died is never loaded. The
     newest 3 are kept."""
@@ -994,11 +1225,11 @@ class Checkpointer:
     def __init__(self, directory: Path):
         self.manager = ocp.CheckpointManager(directory.absolute(), options=ocp.CheckpointManagerOptions(max_to_keep=3))
 
-    def save(self, update: int, state: TrainState, meta: dict):
+    def save(self, update: int, state: LearnerState, meta: dict):
         self.manager.save(update, args=ocp.args.Composite(state=ocp.args.StandardSave(state),
                                                           meta=ocp.args.JsonSave(meta)), force=True)
 
-    def restore_state(self, update: int, like: TrainState) -> TrainState:
+    def restore_state(self, update: int, like: LearnerState) -> LearnerState:
         abstract = jax.tree.map(ocp.utils.to_shape_dtype_struct, like)
         return self.manager.restore(update, args=ocp.args.Composite(state=ocp.args.StandardRestore(abstract))).state
 
@@ -1037,12 +1268,15 @@ class Run:
     start_update: int
     wandb_id: str | None
     summary: dict
+    eval_results: queue.Queue  # eval thread -> learner: eval/* metrics to log
+    make_evaluator: Any  # () -> Evaluator for the final evaluation; None: no final evaluation on this process
     signum: int = 0  # the first stop signal this process received
 
 
-def run_learner(run: Run, state: TrainState, update_fn, lr_schedule, key, episodes: collections.deque):
+def run_learner(run: Run, state: LearnerState, update_fn, lr_schedule, key, episodes: collections.deque):
     """Consume one rollout per actor thread (fixed order) per update; publish params after each;
-    checkpoint every --checkpoint-interval updates, at the end, and when preempted.
+    checkpoint every --checkpoint-interval updates, at the end, and when preempted; log the eval
+    thread's results; after the last update, the final evaluation (into the summary).
 
     Logs every --log-frequency updates (means over the window unless the name says min/max);
     see the script's page in docs/ for every metric. `episodes` holds (raw return, length) of the
@@ -1072,6 +1306,13 @@ def run_learner(run: Run, state: TrainState, update_fn, lr_schedule, key, episod
                        episodic_return_mean=float(np.mean([r for r, _ in episodes])) if episodes else None,
                        episodic_length_mean=float(np.mean([n for _, n in episodes])) if episodes else None)
 
+    def log_eval(metrics: dict[str, float], global_step: int):
+        version = int(metrics["eval/params_version"])
+        logger.log(metrics | {"eval/global_step": version * setup.batch_size}, global_step)
+        print(f"eval at update {version}: return {metrics['eval/episodic_return_mean']:.1f} ± "
+              f"{metrics['eval/episodic_return_std']:.1f}, length {metrics['eval/episodic_length_mean']:.1f} "
+              f"({args.eval_episodes} episodes, {metrics['eval/time_s']:.1f}s)", flush=True)
+
     update_summary(run.start_update)
     for update in range(run.start_update, setup.num_updates):
         stopped_by = run.signum if setup.num_processes == 1 else int(process_allgather(np.int32(run.signum)).max())
@@ -1094,7 +1335,9 @@ def run_learner(run: Run, state: TrainState, update_fn, lr_schedule, key, episod
         with timer("update_time_s"):
             state, metrics = update_fn(state, batch, update_key)
             metrics = jax.tree.map(host, metrics)
-        run.params_slot.publish(update + 1, placement.to_actors(state.params))
+        run.params_slot.publish(update + 1, placement.to_actors((state.params, state.obs_moments)))
+        while not run.eval_results.empty():
+            log_eval(run.eval_results.get_nowait(), (update + 1) * setup.batch_size)
 
         lag = update - np.concatenate([rollout.versions[:-1].ravel() for rollout, *_ in items])
         window["policy_lag/min"].append(lag.min())
@@ -1152,6 +1395,16 @@ def run_learner(run: Run, state: TrainState, update_fn, lr_schedule, key, episod
         summary["checkpoint"] = str(run.checkpointer.manager.directory / str(latest)) if latest is not None else None
     else:
         checkpoint(summary["updates"])
+    if not stopped_by and run.make_evaluator is not None and summary["updates"] == setup.num_updates:
+        params = placement.to_actors((state.params, state.obs_moments))[placement.actor_devices[0]]
+        start, evaluator = time.perf_counter(), run.make_evaluator()
+        try:
+            metrics = evaluator(params, interrupted) | {"eval/params_version": float(setup.num_updates)}
+        finally:
+            evaluator.close()
+        metrics["eval/time_s"] = time.perf_counter() - start  # with making the pool and compiling the policy
+        log_eval(metrics, summary["global_step"])
+        summary["final_eval"] = {k.removeprefix("eval/"): v for k, v in metrics.items()}
     leaves = [host(x) for x in jax.tree.leaves(state.params)]
     summary["params_sha256"] = hashlib.sha256(b"".join(np.ascontiguousarray(x).tobytes() for x in leaves)).hexdigest()
 
@@ -1197,13 +1450,12 @@ def main(args: Args) -> dict:
               f"{setup.num_updates} updates")
 
     atari = is_atari(args.env_id)
-    spec = envpool.make_spec(args.env_id, **env_settings(args))
-    obs_space, num_actions = spec.observation_space, spec.action_space.n
-    agent = Agent(num_actions, tuple(args.channels), tuple(args.hiddens), atari)
+    agent, spec = make_agent(args)
+    obs_space, action_space = spec.observation_space, spec.action_space
     key = jax.random.PRNGKey(args.seed)
     key, init_key, learner_key, actor_root = jax.random.split(key, 4)
     placement = Placement(actor_devices, learner_devices)
-    params = agent.init(init_key, np.zeros((1,) + obs_space.shape, obs_space.dtype))
+    params = init_params(agent, spec, init_key)
     state, lr_schedule = make_train_state(args, setup, params, placement)
     start_update, wandb_id, episodes = 0, uuid.uuid4().hex[:12] if args.track else None, []
     if meta is not None:
@@ -1215,7 +1467,8 @@ def main(args: Args) -> dict:
                   f"global step {meta['global_step']}")
     learner_key = placement.replicate(learner_key)
     update_fn = make_update_fn(args, agent, placement.mesh)
-    policy = make_policy_fn(agent)
+    policy = make_policy_fn(agent, action_space)
+    eval_seed = args.seed + 1_000_003  # an env seed range of its own, far from the training pools'
 
     # The learner takes rollouts as they arrive: one queue shared by every actor thread, read
     # once per thread per update. --deterministic keeps one queue per thread, read in order.
@@ -1224,8 +1477,9 @@ def main(args: Args) -> dict:
     queues = [queue.Queue(maxsize=1) for _ in range(num_threads)] if args.deterministic else [shared] * num_threads
     run = Run(args, setup, placement, ParamsSlot(keep=args.max_policy_lag + 2 if args.deterministic else 1), queues,
               threading.Event(), threading.Event(), Logger(args, setup, run_dir, wandb_id), checkpointer, start_update,
-              wandb_id, {})
-    run.params_slot.publish(start_update, placement.to_actors(state.params))
+              wandb_id, {}, queue.Queue(maxsize=4),
+              (lambda: Evaluator(args, agent, spec, eval_seed)) if lead and args.eval_episodes else None)
+    run.params_slot.publish(start_update, placement.to_actors((state.params, state.obs_moments)))
     errors: list[tuple[str, BaseException]] = []
 
     def supervised(name, fn, *fn_args):
@@ -1249,8 +1503,11 @@ def main(args: Args) -> dict:
         for begin, end in env_segments(start_update, setup.num_updates, args):
             seed = args.seed + (global_index + begin * setup.num_envs_total // args.local_num_envs) * args.local_num_envs
             envs = make_envs(args, args.local_num_envs, setup.async_batch_size, seed, setup.num_env_threads)
-            assembler = RolloutAssembler(args.local_num_envs, args.num_steps, obs_space.shape, obs_space.dtype,
-                                         clip_rewards=atari, episodic_life=args.episodic_life, first_rollout=begin)
+            assembler = RolloutAssembler(args.local_num_envs, args.num_steps, obs_space.shape,
+                                         np.float32 if obs_space.dtype == np.float64 else obs_space.dtype,
+                                         clip_rewards=atari, episodic_life=args.episodic_life, first_rollout=begin,
+                                         action_shape=action_space.shape, gamma=args.gamma,
+                                         action_dtype=np.float32 if agent.continuous else np.int32)
             try:
                 run_actor(envs, policy, device, jax.random.fold_in(jax.random.fold_in(actor_root, global_index), begin),
                           run.params_slot, run.queues[thread_index], assembler, end, args,
@@ -1284,6 +1541,9 @@ def main(args: Args) -> dict:
                for i, (d, k) in enumerate((d, k) for d in actor_devices for k in range(args.num_actor_threads))]
     threads.append(supervised("learner", run_learner, run, state, update_fn, lr_schedule, learner_key,
                               collections.deque(map(tuple, episodes), maxlen=20)))
+    if lead and args.eval_interval:
+        threads.insert(0, supervised("evaluator", run_evaluator, run, Evaluator(args, agent, spec, eval_seed),
+                                     actor_devices[0], actors_stop))
     try:
         for t in threads:
             t.start()
@@ -1304,7 +1564,7 @@ def main(args: Args) -> dict:
                  "process ended first; its output has the cause)" if setup.num_processes > 1 else ""
         raise RunFailed(f"{name} failed: {error!r}{others}") from error
     summary = run.summary
-    elapsed = time.time() - start_time
+    elapsed = time.time() - start_time - summary.get("final_eval", {}).get("time_s", 0.0)  # training alone
     summary.update(elapsed_s=elapsed, sps=(summary["global_step"] - start_update * setup.batch_size) / elapsed,
                    run_dir=str(run_dir))
     if lead:

@@ -8,7 +8,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from sebulba.ppo_envpool import Agent, Args, ParamsSlot, RolloutAssembler, make_policy_fn, run_actor
+from sebulba.ppo_envpool import Agent, Args, ParamsSlot, RolloutAssembler, RunningMoments, make_policy_fn, run_actor
 
 
 class ScriptedPool:
@@ -66,7 +66,7 @@ def drive_actor(pool, batch_size, num_steps, num_rollouts, obs_dim=3, num_action
     agent = Agent(num_actions=num_actions, channels=(), hiddens=(8,), atari=False)
     params = agent.init(jax.random.PRNGKey(0), jnp.zeros((1, obs_dim)))
     slot = ParamsSlot()
-    slot.publish(0, {jax.devices()[0]: params})
+    slot.publish(0, {jax.devices()[0]: (params, RunningMoments.create(()))})
     q = queue.Queue()
     assembler = RolloutAssembler(pool.num_envs, num_steps, (obs_dim,), np.float32, clip_rewards=False, episodic_life=False)
     error = None

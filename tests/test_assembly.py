@@ -10,7 +10,8 @@ import numpy as np
 import pytest
 
 from fake_envpool import ScriptedPool, drive_actor
-from sebulba.ppo_envpool import (Agent, Args, ParamsSlot, RolloutAssembler, make_policy_fn, normalize_advantages,
+from sebulba.ppo_envpool import (Agent, Args, ParamsSlot, RolloutAssembler, RunningMoments, make_policy_fn,
+                                 normalize_advantages,
                                  prepare_transitions, run_actor)
 
 
@@ -127,7 +128,7 @@ def test_policy_lag_stays_within_the_bound_and_zero_means_synchronous(max_policy
     agent = Agent(num_actions=3, channels=(), hiddens=(8,), atari=False)
     device = jax.devices()[0]
     slot = ParamsSlot()
-    slot.publish(0, {device: agent.init(jax.random.PRNGKey(0), jnp.zeros((1, 3)))})
+    slot.publish(0, {device: (agent.init(jax.random.PRNGKey(0), jnp.zeros((1, 3))), RunningMoments.create(()))})
     rollouts: queue.Queue = queue.Queue(maxsize=1)
     lags, recvs_at_publish = [], []
 

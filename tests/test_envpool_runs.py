@@ -60,15 +60,17 @@ def test_the_network_sizes_its_output_from_the_training_envs_action_space():
 def test_breakout_a0_l123_tiny_run_finishes(capsys):
     args = Args(env_id="Breakout-v5", actor_device_ids=[0], learner_device_ids=[1, 2, 3], num_actor_threads=1,
                 local_num_envs=6, async_batch_size=3, num_steps=8, num_minibatches=2, update_epochs=1,
-                channels=(4, 8), hiddens=(32,), total_timesteps=6 * 8 * 3, log_frequency=1, run_name="breakout")
+                channels=(4, 8), hiddens=(32,), total_timesteps=6 * 8 * 3, log_frequency=1, run_name="breakout",
+                eval_episodes=2)
     summary = main(args)
     assert summary["updates"] == 3 and summary["global_step"] == 144
     written = json.loads(Path("runs/breakout/summary.json").read_text())
     assert {"global_step", "elapsed_s", "sps", "episodic_return_mean"} <= set(written)
     assert written["global_step"] == 144 and written["sps"] > 0
+    assert written["final_eval"]["episodic_length_mean"] > 0  # two whole games of the full Atari protocol
     assert json.loads(Path("runs/breakout/config.json").read_text())["args"]["learner_device_ids"] == [1, 2, 3]
     out = capsys.readouterr().out
-    assert "update 3/3" in out and "done: 144 env steps" in out
+    assert "update 3/3" in out and "done: 144 env steps" in out and "eval at update 3: return" in out
 
 
 def test_cartpole_preset_learns():

@@ -7,6 +7,7 @@ from pathlib import Path
 import jax
 import numpy as np
 import pytest
+from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 import sebulba.impala_envpool as impala
 import sebulba.ppo_envpool as ppo
@@ -28,7 +29,7 @@ def test_printed_numbers_match_a_recomputation_from_the_same_seed(capsys):
     run = train(ppo, "ppo", 8 * 32 * 12, "--num-minibatches", "1", "--update-epochs", "20", "--learning-rate", "1e-3",
                 "--ent-coef", "0.0")
     capsys.readouterr()  # the training run's console
-    result = evaluate.main([str(run), "--episodes", "5", "--seed", "3", "--json"])
+    result = evaluate.main([str(run), "--episodes", "5", "--seed", "3", "--greedy", "--json"])
     assert json.loads(capsys.readouterr().out) == result
     assert result["checkpoint"] == 12 and result["policy"] == "greedy"
     # Recompute without the script's code path: restore the saved params through the training
@@ -51,14 +52,34 @@ def test_printed_numbers_match_a_recomputation_from_the_same_seed(capsys):
         finished |= terminated | truncated
     assert result["returns"] == returns.tolist() and result["lengths"] == lengths.tolist()
     assert result["return_mean"] == pytest.approx(returns.mean()) and result["return_std"] == pytest.approx(returns.std())
-    assert evaluate.main([str(run), "--episodes", "5", "--seed", "3", "--json"]) == result  # same seed, same numbers
-    evaluate.main([str(run), "--episodes", "5", "--checkpoint", "10"])  # an older checkpoint by number
+    assert evaluate.main([str(run), "--episodes", "5", "--seed", "3", "--greedy", "--json"]) == result  # same numbers
+    evaluate.main([str(run), "--episodes", "5", "--checkpoint", "10", "--greedy"])  # an older checkpoint by number
     assert "checkpoint 10, greedy actions, 5 episodes: return" in capsys.readouterr().out
+
+
+def test_eval_thread_logs_eval_metrics_and_the_final_evaluation_matches_evaluate_py(capsys):
+    run = train(ppo, "evals", 8 * 32 * 16, "--eval-interval", "2", "--eval-episodes", "3")
+    summary = json.loads((run / "summary.json").read_text())
+    events = EventAccumulator(str(run))
+    events.Reload()
+    assert {"eval/episodic_return_mean", "eval/episodic_return_std", "eval/episodic_length_mean", "eval/time_s",
+            "eval/params_version", "eval/global_step"} <= set(events.Tags()["scalars"])
+    versions = [int(e.value) for e in events.Scalars("eval/params_version")]
+    periodic, final = versions[:-1], versions[-1]
+    assert final == 16 and len(periodic) >= 2, versions  # the eval thread's, then the final evaluation
+    assert all(2 <= v < 16 for v in periodic) and periodic == sorted(set(periodic))
+    assert [e.value for e in events.Scalars("eval/global_step")] == [v * 8 * 32 for v in versions]
+    assert f"eval at update {periodic[0]}: return" in capsys.readouterr().out
+    # The final evaluation is scripts/evaluate.py's protocol with the eval pool's seed (--seed + 1,000,003).
+    assert summary["final_eval"]["params_version"] == 16
+    again = evaluate.main([str(run), "--episodes", "3", "--seed", str(1 + 1_000_003), "--json"])
+    assert summary["final_eval"]["episodic_return_mean"] == pytest.approx(again["return_mean"])
+    assert summary["final_eval"]["episodic_length_mean"] == pytest.approx(again["length_mean"])
 
 
 def test_impala_runs_and_bad_run_dirs(tmp_path):
     run = train(impala, "impala", 8 * 32 * 2)
-    result = evaluate.main([str(run), "--episodes", "3", "--sample"])
+    result = evaluate.main([str(run), "--episodes", "3"])
     assert result["policy"] == "sampled" and len(result["returns"]) == 3
     assert result["returns"] == [float(n) for n in result["lengths"]]  # CartPole pays 1 per step
     with pytest.raises(SystemExit, match="has checkpoints \\[2\\], not 7"):
@@ -84,12 +105,12 @@ def test_video_has_one_frame_per_step_of_the_recorded_episodes(env_id, capsys):
     tiny = ["--env-id", env_id, "--local-num-envs", "6", "--num-steps", "8", "--num-actor-threads", "1",
             "--num-minibatches", "1", "--update-epochs", "1", "--channels", "4", "8", "--hiddens", "16",
             "--learner-device-ids", *learners, "--total-timesteps", "48", "--run-name", "tiny", "--log-frequency",
-            "1000"]
+            "1000", "--eval-episodes", "0"]
     module.main(module.tyro.cli(module.Args, args=tiny))
     capsys.readouterr()
     video = Path("videos") / f"{env_id}.mp4"
-    # Sampled actions: an untrained greedy Breakout policy may never press FIRE.
-    result = evaluate.main(["runs/tiny", "--episodes", "3", "--sample", "--video", str(video), "--video-episodes", "2"])
+    # Sampled actions (the default): an untrained greedy Breakout policy may never press FIRE.
+    result = evaluate.main(["runs/tiny", "--episodes", "3", "--video", str(video), "--video-episodes", "2"])
     assert f"video: {video} ({result['video_frames']} frames)" in capsys.readouterr().out
     assert result["video_frames"] == result["lengths"][0] + 1 + result["lengths"][1] + 1  # first obs + each step
     assert frames_in(video) == result["video_frames"]

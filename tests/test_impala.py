@@ -8,12 +8,13 @@ import numpy as np
 import optax
 import pytest
 import rlax
-from flax.training.train_state import TrainState
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 from test_learner import make_rollout  # ppo_envpool's Rollout: the same NamedTuple (tests/test_shared_blocks.py)
 
-from sebulba.impala_envpool import (Agent, Args, ConfigError, Placement, Rollout, impala_loss, main, make_update_fn,
-                                    resolve, vtrace)
+from sebulba.impala_envpool import (Agent, Args, ConfigError, LearnerState, Placement, Rollout, RunningMoments,
+                                    impala_loss, main, make_update_fn, resolve, vtrace)
+
+FRESH = dict(obs_moments=RunningMoments.create(()), return_moments=RunningMoments.create(()))  # normalisers off
 
 # The documented CartPole preset (docs/impala_envpool.md).
 CARTPOLE_PRESET = dict(env_id="CartPole-v1", total_timesteps=200_000, local_num_envs=8, num_steps=8,
@@ -120,7 +121,7 @@ def test_k08_two_learner_devices_take_the_step_of_one_device_on_the_whole_batch(
     new_params = []
     for learners in ([devices[1]], devices[1:3]):
         placement = Placement([devices[0]], learners)
-        state = placement.replicate(TrainState.create(apply_fn=None, params=params, tx=optax.sgd(0.1)))
+        state = placement.replicate(LearnerState.create(apply_fn=None, params=params, **FRESH, tx=optax.sgd(0.1)))
         state, _ = make_update_fn(args, agent, placement.mesh)(state, placement.to_learners([batch]), None)
         new_params.append(jax.device_get(state.params))
         assert all(x.sharding.device_set == set(learners) for x in jax.tree.leaves(state.params))  # K11
@@ -156,6 +157,6 @@ def test_cartpole_preset_learns():
 def test_breakout_a0_l123_tiny_run_finishes(capsys):
     summary = main(Args(env_id="Breakout-v5", actor_device_ids=[0], learner_device_ids=[1, 2, 3], num_actor_threads=1,
                         local_num_envs=6, async_batch_size=3, num_steps=8, channels=(4, 8), hiddens=(32,),
-                        total_timesteps=6 * 8 * 3, log_frequency=1, run_name="breakout"))
+                        total_timesteps=6 * 8 * 3, log_frequency=1, run_name="breakout", eval_episodes=0))
     assert summary["updates"] == 3 and summary["global_step"] == 144
     assert "done: 144 env steps" in capsys.readouterr().out

@@ -5,11 +5,12 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 import pytest
-from flax.training.train_state import TrainState
 from jax.sharding import PartitionSpec as P
 
-from sebulba.ppo_envpool import (Agent, Args, Placement, Rollout, make_update_fn, normalize_advantages,
-                                 prepare_transitions)
+from sebulba.ppo_envpool import (Agent, Args, LearnerState, Placement, Rollout, RunningMoments, make_update_fn,
+                                 normalize_advantages, prepare_transitions)
+
+FRESH = dict(obs_moments=RunningMoments.create(()), return_moments=RunningMoments.create(()))  # normalisers off
 
 
 def make_rollout(num_steps, num_envs, reward, obs_dim=3, seed=0):
@@ -18,7 +19,8 @@ def make_rollout(num_steps, num_envs, reward, obs_dim=3, seed=0):
     return Rollout(obs=rng.normal(size=shape + (obs_dim,)).astype(np.float32),
                    actions=rng.integers(0, 2, shape).astype(np.int32), logprobs=np.full(shape, np.log(0.5), np.float32),
                    values=np.zeros(shape, np.float32), rewards=np.full(shape, reward, np.float32),
-                   terminated=np.zeros(shape, bool), truncated=np.zeros(shape, bool), versions=np.zeros(shape, np.int32))
+                   terminated=np.zeros(shape, bool), truncated=np.zeros(shape, bool), versions=np.zeros(shape, np.int32),
+                   discounted_returns=np.zeros(shape, np.float32))
 
 
 def shard_advantages(placement, batch):
@@ -75,7 +77,7 @@ def test_update_keeps_params_replicated_and_learns_a_bandit():
     agent = Agent(num_actions=2, channels=(), hiddens=(16,), atari=False)
     params = agent.init(jax.random.PRNGKey(0), jnp.zeros((1, 3)))
     tx = optax.chain(optax.clip_by_global_norm(0.5), optax.adam(args.learning_rate))
-    state = jax.device_put(TrainState.create(apply_fn=None, params=params, tx=tx), placement.replicated)
+    state = jax.device_put(LearnerState.create(apply_fn=None, params=params, **FRESH, tx=tx), placement.replicated)
     update = make_update_fn(args, agent, placement.mesh)
     rng = np.random.default_rng(0)
     obs = np.ones((1, 1, 3), np.float32)
@@ -107,7 +109,7 @@ def test_gradients_are_averaged_over_learner_devices_not_summed():
     new_params = []
     for learners in ([devices[1]], devices[1:3]):
         placement = Placement([devices[0]], learners)
-        state = jax.device_put(TrainState.create(apply_fn=None, params=params, tx=optax.sgd(0.1)), placement.replicated)
+        state = jax.device_put(LearnerState.create(apply_fn=None, params=params, **FRESH, tx=optax.sgd(0.1)), placement.replicated)
         per_thread = [rollout] * len(learners)  # each learner device gets an identical copy
         batch = placement.to_learners([Rollout(*[np.concatenate(f, axis=1) for f in zip(*per_thread)])])
         state, _ = make_update_fn(args, agent, placement.mesh)(state, batch, jax.random.PRNGKey(0))

@@ -94,8 +94,8 @@ def test_k09_a_normal_run_joins_every_thread_and_closes_every_pool(monkeypatch, 
     summary = module.main(module.Args(env_id="CartPole-v1", local_num_envs=8, num_steps=16, hiddens=(16,),
                                 total_timesteps=8 * 16 * 2 * 3, run_name="clean"))
     assert summary["updates"] == 3 and "interrupted_by" not in summary
-    assert len(pools) == 2 and all(p.closed for p in pools)
-    alive = [t.name for t in threading.enumerate() if t.name.startswith(("actor-", "learner"))]
+    assert len(pools) == 3 and all(p.closed for p in pools)  # two actor threads' and the final evaluation's
+    alive = [t.name for t in threading.enumerate() if t.name.startswith(("actor-", "learner", "evaluator"))]
     assert alive == []
 
 
@@ -105,8 +105,8 @@ def start_run(flags, script="ppo_envpool"):
                             text=True, env={**os.environ, "PYTHONPATH": str(ROOT), "PYTHONUNBUFFERED": "1"})
 
 
-@pytest.mark.parametrize("sig, code, script", [(signal.SIGTERM, 143, "ppo_envpool"), (signal.SIGINT, 130, "ppo_envpool"),
-                                              (signal.SIGTERM, 143, "impala_envpool")])
+# The signal handling is a shared block (tests/test_shared_blocks.py): each signal on one script.
+@pytest.mark.parametrize("sig, code, script", [(signal.SIGINT, 130, "ppo_envpool"), (signal.SIGTERM, 143, "impala_envpool")])
 def test_a_stop_signal_checkpoints_and_the_same_command_resumes(sig, code, script):
     total = 8 * 16 * 2 * 200
     flags = SMALL[script] + ["--total-timesteps", str(total), "--checkpoint-interval", "1000", "--run-name", "preempted"]

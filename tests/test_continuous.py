@@ -1,0 +1,151 @@
+"""Box actions and the MuJoCo preset: Gaussian policy pieces against hand-computed values and
+rlax, observation and reward normalisation statistics, and InvertedPendulum-v4 learning."""
+
+import json
+import math
+import sys
+from pathlib import Path
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+import rlax
+from jax.sharding import PartitionSpec as P
+
+import sebulba.impala_envpool as impala
+import sebulba.ppo_envpool as ppo
+from sebulba.ppo_envpool import (Agent, Minibatch, Placement, RolloutAssembler, RunningMoments, entropy, log_prob,
+                                 make_policy_fn, ppo_loss, prepare_transitions, sample_action)
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "scripts"))
+import evaluate
+
+LOG_2PI = math.log(2 * math.pi)
+
+
+@pytest.mark.filterwarnings("ignore:Rlax gaussian_diagonal will be deprecated")
+def test_gaussian_log_prob_and_entropy_by_hand_and_against_rlax():
+    mean, log_std = jnp.array([[0.0, 1.0]]), jnp.array([[0.0, math.log(2.0)]])
+    action = jnp.array([[1.0, 0.0]])
+    # z = (1 - 0) / 1 = 1 and (0 - 1) / 2 = -0.5: -0.5 (1 + 0.25) - log 2 - log 2pi
+    assert float(log_prob((mean, log_std), action)[0]) == pytest.approx(-0.625 - math.log(2.0) - LOG_2PI, abs=1e-6)
+    assert float(entropy((mean, log_std))[0]) == pytest.approx(math.log(2.0) + 1.0 + LOG_2PI, abs=1e-6)
+    rng = np.random.default_rng(0)
+    mu, sigma, a = (rng.normal(size=(5, 3)).astype(np.float32) for _ in range(3))
+    sigma = np.exp(sigma)
+    oracle = rlax.gaussian_diagonal()
+    np.testing.assert_allclose(log_prob((mu, np.log(sigma)), a), oracle.logprob(a, mu, sigma), rtol=1e-5)
+    np.testing.assert_allclose(entropy((mu, np.log(sigma))), oracle.entropy(mu, sigma), rtol=1e-5)
+    # Categorical: same helpers, any leading shape (IMPALA calls them on [T, n, A]).
+    logits = jnp.log(jnp.array([[[0.2, 0.8]], [[0.5, 0.5]]]))
+    np.testing.assert_allclose(log_prob(logits, jnp.array([[1], [0]])), np.log([[0.8], [0.5]]), rtol=1e-6)
+    np.testing.assert_allclose(entropy(logits)[1, 0], math.log(2), rtol=1e-6)
+
+
+def test_ppo_loss_with_a_gaussian_policy_by_hand():
+    # New policy N(0, 1) in one dimension, action 0.5: log pi = -0.125 - 0.5 log 2pi. The behaviour
+    # log-prob is log pi - log 1.5, so the ratio is 1.5 and clip 0.2 caps it at 1.2.
+    new_logp = -0.125 - 0.5 * LOG_2PI
+    mb = Minibatch(obs=jnp.zeros((1, 1)), actions=jnp.array([[0.5]]), logprobs=jnp.array([new_logp - math.log(1.5)]),
+                   advantages=jnp.array([1.0]), returns=jnp.array([2.0]), mask=jnp.ones(1))
+    apply = lambda params, obs: ((jnp.zeros((1, 1)), jnp.zeros((1, 1))), jnp.array([1.0]))
+    loss, m = ppo_loss(None, apply, mb, clip_coef=0.2, ent_coef=0.01, vf_coef=0.5, norm_adv=False)
+    assert float(m["policy_loss"]) == pytest.approx(-1.2, abs=1e-6)  # max(-1 * 1.5, -1 * 1.2)
+    assert float(m["value_loss"]) == pytest.approx(0.5, abs=1e-6)  # 0.5 (1 - 2)^2
+    assert float(m["entropy"]) == pytest.approx(0.5 * (1 + LOG_2PI), abs=1e-6)
+    assert float(m["clipfrac"]) == 1.0
+    assert float(loss) == pytest.approx(-1.2 - 0.01 * 0.5 * (1 + LOG_2PI) + 0.25, abs=1e-6)
+
+
+def test_actions_are_clipped_when_sent_but_the_loss_sees_the_sample():
+    space = ppo.envpool.make_spec("InvertedPendulum-v4").action_space  # Box(-3, 3, (1,))
+    agent = Agent(1, (), (), atari=False, continuous=True)  # no hidden layer: mean = obs @ W + b
+    params = agent.init(jax.random.PRNGKey(0), jnp.zeros((1, 2)))
+    params = jax.tree.map(jnp.zeros_like, params)
+    params["params"]["Dense_0"]["bias"] = jnp.array([5.0])  # mean 5, std 1, outside the bounds
+    obs = np.zeros((4, 2), np.float32)
+    action, env_action, logp, _, _ = make_policy_fn(agent, space, greedy=True)((params, None), obs,
+                                                                                jax.random.PRNGKey(0))
+    np.testing.assert_allclose(action, 5.0)
+    np.testing.assert_allclose(env_action, 3.0)
+    np.testing.assert_allclose(logp, -0.5 * LOG_2PI, rtol=1e-6)  # log N(5; 5, 1): of the sample, not of 3
+    action, env_action, logp, _, _ = make_policy_fn(agent, space)((params, None), obs, jax.random.PRNGKey(0))
+    assert np.all(np.abs(env_action) <= 3.0) and np.all(action > 2.0)
+    np.testing.assert_allclose(env_action, np.clip(action, -3, 3))
+    np.testing.assert_allclose(logp, log_prob(agent.apply(params, obs)[0], action), rtol=1e-6)
+    draws = sample_action((jnp.zeros((20000, 1)), jnp.full((20000, 1), math.log(0.5))), jax.random.PRNGKey(1))
+    assert float(draws.std()) == pytest.approx(0.5, rel=0.03)
+
+
+def test_running_moments_over_two_learner_devices_match_numpy():
+    placement = Placement([jax.devices()[0]], jax.devices()[1:3])
+    update = jax.jit(jax.shard_map(lambda m, x: m.update(x, "learner"), mesh=placement.mesh,
+                                   in_specs=(P(), P(None, "learner")), out_specs=P()))
+    rng = np.random.default_rng(0)
+    batches = [rng.normal(3.0, 2.0, size=(5, 4, 3)).astype(np.float32) for _ in range(3)]  # [T, envs, obs]
+    moments = RunningMoments.create((3,))
+    for x in batches:
+        moments = update(moments, jax.device_put(x, placement.env_sharded))
+    seen = np.concatenate([x.reshape(-1, 3) for x in batches])
+    assert float(moments.count) == pytest.approx(60, abs=1e-3)
+    np.testing.assert_allclose(moments.mean, seen.mean(0), rtol=1e-4)
+    np.testing.assert_allclose(moments.var, seen.var(0), rtol=1e-3)
+    np.testing.assert_allclose(moments.normalize(jnp.array([[3.0, 1e6, -1e6]]))[0, 1:], [10.0, -10.0])
+
+
+def test_discounted_returns_restart_with_each_episode_and_scale_the_rewards():
+    # One env, gamma 0.5, rewards 1, 1, 1 (the third ends the episode), then the reset obs, then 2.
+    a = RolloutAssembler(1, 5, (1,), np.float32, clip_rewards=False, episodic_life=False, gamma=0.5)
+    i, z = np.array([0]), np.zeros(1)
+    for reward, done in [(0, False), (1, False), (1, False), (1, True), (0, False), (2, False)]:
+        out = a.add(i, np.zeros((1, 1), np.float32), np.array([reward], np.float32), np.array([done]),
+                    np.array([False]), None, np.array([0], np.int32), z, z, 0)
+    np.testing.assert_allclose(out[0][0].discounted_returns[:, 0], [0, 1, 1.5, 1.75, 0, 2])
+    rollout = jax.tree.map(jnp.asarray, out[0][0])
+    moments = RunningMoments(jnp.float32(0.0), jnp.float32(4.0), jnp.float32(10.0))  # return std 2
+    scaled = prepare_transitions(rollout, 0.5, 1.0, moments)
+    plain = prepare_transitions(rollout, 0.5, 1.0)
+    np.testing.assert_allclose(scaled.returns - rollout.values[:-1], (plain.returns - rollout.values[:-1]) / 2,
+                               rtol=1e-5)
+    huge = prepare_transitions(rollout, 0.5, 1.0, moments._replace(var=jnp.float32(1e-6)))
+    assert float(jnp.max(huge.advantages)) <= 10.0 * (1 + 0.5 + 0.25) + 1e-4  # rewards clipped to 10
+
+
+PRESET = ["--env-id", "InvertedPendulum-v4", "--local-num-envs", "8", "--num-steps", "256", "--num-actor-threads", "1",
+          "--hiddens", "64", "64", "--num-minibatches", "32", "--update-epochs", "10", "--learning-rate", "3e-4",
+          "--clip-coef", "0.2", "--ent-coef", "0.0"]
+
+
+def test_inverted_pendulum_preset_learns_and_evaluate_uses_the_saved_statistics(capsys):
+    # The MuJoCo preset (docs/ppo_envpool.md) with a fixed seed, 40 updates = 81,920 env steps
+    # (well within the 300k target): obs normalisation and reward scaling are on by default.
+    args = ppo.tyro.cli(ppo.Args, args=[*PRESET, "--total-timesteps", "81920", "--run-name", "pendulum",
+                                        "--log-frequency", "20", "--eval-episodes", "4"])
+    assert ppo.normalization(args) == (True, True)
+    summary = ppo.main(args)
+    assert summary["episodic_return_mean"] >= 500, summary
+    assert summary["final_eval"]["episodic_return_mean"] >= 500, summary["final_eval"]
+    run = Path("runs/pendulum")
+    capsys.readouterr()
+    result = evaluate.main([str(run), "--episodes", "4", "--greedy", "--json"])
+    assert result["return_mean"] >= 500
+    # The statistics travel in the checkpoint: without them the same params fail.
+    module, saved_args, agent, spec, (params, moments), _ = evaluate.load(run, None)
+    assert float(moments.count) == pytest.approx(81920, rel=0.01) and moments.mean.shape == (4,)
+    blind = evaluate.evaluate(module, saved_args, agent, spec, (params, RunningMoments.create((4,))), 4, 0, True)
+    assert blind["return_mean"] < result["return_mean"]
+    assert json.loads((run / "config.json").read_text())["args"]["norm_obs"] is None  # auto, resolved per task
+
+
+def test_impala_acts_on_box_actions(capsys):
+    summary = impala.main(impala.tyro.cli(impala.Args, args=[
+        "--env-id", "InvertedPendulum-v4", "--local-num-envs", "4", "--num-steps", "16", "--num-actor-threads", "1",
+        "--hiddens", "16", "--total-timesteps", str(4 * 16 * 3), "--eval-episodes", "2", "--run-name", "impala-box"]))
+    assert summary["updates"] == 3 and summary["final_eval"]["episodic_length_mean"] > 0
+    assert np.isfinite(summary["episodic_return_mean"])
+
+
+def test_normalisation_is_on_by_default_for_mujoco_only():  # bad values: tests/test_config.py
+    assert ppo.normalization(ppo.Args(env_id="CartPole-v1")) == (False, False)
+    assert ppo.normalization(ppo.Args(env_id="HalfCheetah-v4", norm_reward=False)) == (True, False)
