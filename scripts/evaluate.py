@@ -122,7 +122,8 @@ def write_video(path: Path, frames: list[np.ndarray], fps: int):
 
 
 def main(argv: list[str] | None = None) -> dict:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                     formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     parser.add_argument("run_dir", type=Path, help="runs/<run name> of a training run")
     parser.add_argument("--checkpoint", type=int, default=None, help="update number of the checkpoint; default newest")
     parser.add_argument("--episodes", type=int, default=10, help="episodes (one per env of the pool)")
@@ -136,6 +137,8 @@ def main(argv: list[str] | None = None) -> dict:
     warnings.filterwarnings("ignore", message=".*precision lowered by casting to float32", category=UserWarning)
     if cli.episodes <= 0:
         parser.error(f"--episodes {cli.episodes} must be positive")
+    if cli.video is not None and not 1 <= cli.video_episodes <= cli.episodes:
+        parser.error(f"--video-episodes {cli.video_episodes} must be between 1 and --episodes {cli.episodes}")
     module, args, agent, spec, params, update = load(cli.run_dir, cli.checkpoint)
     result = {"run_dir": str(cli.run_dir), "env_id": args.env_id, "checkpoint": update, "seed": cli.seed,
               "policy": "greedy" if cli.greedy else "sampled",

@@ -93,9 +93,11 @@ class Args:
     episodic_life: bool = False
     """Atari: end a training episode at every life loss (the raw game return is still logged per game)"""
     norm_obs: bool | None = None
-    """normalise observations by their running mean and std (clipped to +-10); None = on for MuJoCo tasks"""
+    """True: normalise observations by their running mean and std (clipped to +-10); None: True for MuJoCo tasks,
+    False otherwise; vector observations only"""
     norm_reward: bool | None = None
-    """scale training rewards by the running std of the discounted return (clipped to +-10); None = on for MuJoCo"""
+    """True: scale training rewards by the running std of the discounted return (clipped to +-10); None: True for
+    MuJoCo tasks, False otherwise; vector observations only"""
     eval_interval: int = 0
     """evaluate the newest params every this many updates in a separate thread on its own pool (eval/*); 0 = never"""
     eval_episodes: int = 10
@@ -263,6 +265,8 @@ class Setup:
     envs_per_learner: int
     num_processes: int = 1
     process_id: int = 0
+    norm_obs: bool = False  # --norm-obs / --norm-reward resolved (None: on for MuJoCo)
+    norm_reward: bool = False
 
 
 def resolve(args: Args, cluster: Cluster = Cluster()) -> Setup:
@@ -342,6 +346,8 @@ def resolve(args: Args, cluster: Cluster = Cluster()) -> Setup:
         envs_per_learner=envs_per_learner,
         num_processes=cluster.num_processes,
         process_id=cluster.process_id,
+        norm_obs=normalization(args)[0],
+        norm_reward=normalization(args)[1],
     )
 
 
@@ -987,7 +993,7 @@ class Evaluator:
         self.envs = make_envs(dataclasses.replace(args, episodic_life=False), args.eval_episodes, args.eval_episodes,
                               seed, num_threads=1)
         self.policy = make_policy_fn(agent, spec.action_space, greedy=args.eval_greedy)
-        self.key = jax.random.PRNGKey(seed)
+        self.seed, self.key = seed, jax.random.PRNGKey(seed)
 
     def __call__(self, params, stop) -> dict[str, float]:
         start = time.perf_counter()
@@ -1115,6 +1121,13 @@ def make_train_state(args: Args, setup: Setup, params, placement: Placement):
     return placement.replicate(state), lr_schedule
 
 
+# Minibatch steps dispatched before waiting for them. On XLA:CPU, ~300 queued steps whose
+# all-reduces span two devices stall in the collective rendezvous and abort the process
+# (32 minibatches x 10 epochs on --learner-device-ids 1 2); on GPUs a wait every 8 steps
+# costs one pipeline drain per 8 steps.
+MAX_STEPS_IN_FLIGHT = 8
+
+
 def make_update_fn(args: Args, agent: Agent, mesh: Mesh):
     """PPO update over the learner mesh: (LearnerState, Rollout [T+1, envs] sharded on the env
     axis, key) -> (LearnerState, metrics dict of scalars).
@@ -1178,6 +1191,8 @@ def make_update_fn(args: Args, agent: Agent, mesh: Mesh):
             for index in indices:
                 state, m = step(state, shuffled, index)
                 metrics.append(m)
+                if len(metrics) % MAX_STEPS_IN_FLIGHT == 0:
+                    jax.block_until_ready(state)
         return state, jax.tree.map(lambda *m: jnp.mean(jnp.stack(m)), *metrics)
 
     return update
@@ -1217,9 +1232,12 @@ class Logger:
             self.wandb.finish()
 
 
-# Flags that may differ between a run and its resumption; every other flag must match.
+# Flags that may differ between a run and its resumption; every other flag must match
+# (--norm-obs and --norm-reward by their resolved values).
 RESUMABLE_FLAGS = {"track", "wandb_project_name", "wandb_entity", "log_frequency", "num_env_threads",
-                   "stall_timeout_s", "checkpoint_interval", "total_timesteps"}
+                   "stall_timeout_s", "checkpoint_interval", "total_timesteps", "eval_interval", "eval_episodes",
+                   "eval_greedy", "norm_obs", "norm_reward"}
+EVAL_SEED_OFFSET = 1_000_003  # evaluation pools: an env seed range of their own, far from the training pools'.
 
 
 def read_resume_meta(directory: Path, args: Args, num_processes: int = 1) -> dict | None:
@@ -1247,6 +1265,9 @@ def read_resume_meta(directory: Path, args: Args, num_processes: int = 1) -> dic
     resumable = RESUMABLE_FLAGS - {"checkpoint_interval"} if args.deterministic else RESUMABLE_FLAGS
     differ = [f"--{k.replace('_', '-')} {saved[k]} (now {v})" for k, v in now.items()
               if k not in resumable and k in saved and v != saved[k]]
+    was = normalization(Args(env_id=args.env_id, norm_obs=saved.get("norm_obs"), norm_reward=saved.get("norm_reward")))
+    differ += [f"--{flag} {old} (now {new})" for flag, old, new in zip(("norm-obs", "norm-reward"), was,
+                                                                       normalization(args)) if old != new]
     if meta.get("num_processes", 1) != num_processes:  # the global batch would change
         differ.append(f"{meta.get('num_processes', 1)} process(es) (now {num_processes})")
     if differ:
@@ -1346,10 +1367,11 @@ def run_learner(run: Run, state: LearnerState, update_fn, lr_schedule, key, epis
                        episodic_return_mean=float(np.mean([r for r, _ in episodes])) if episodes else None,
                        episodic_length_mean=float(np.mean([n for _, n in episodes])) if episodes else None)
 
-    def log_eval(metrics: dict[str, float], global_step: int):
+    def log_eval(metrics: dict[str, float], global_step: int, final: bool = False):
         version = int(metrics["eval/params_version"])
         logger.log(metrics | {"eval/global_step": version * setup.batch_size}, global_step)
-        print(f"eval at update {version}: return {metrics['eval/episodic_return_mean']:.1f} ± "
+        print(f"{'final eval' if final else 'eval'} at update {version} ({'greedy' if args.eval_greedy else 'sampled'} "
+              f"actions): return {metrics['eval/episodic_return_mean']:.1f} ± "
               f"{metrics['eval/episodic_return_std']:.1f}, length {metrics['eval/episodic_length_mean']:.1f} "
               f"({args.eval_episodes} episodes, {metrics['eval/time_s']:.1f}s)", flush=True)
 
@@ -1440,11 +1462,16 @@ def run_learner(run: Run, state: LearnerState, update_fn, lr_schedule, key, epis
         start, evaluator = time.perf_counter(), run.make_evaluator()
         try:
             metrics = evaluator(params, interrupted) | {"eval/params_version": float(setup.num_updates)}
+            metrics["eval/time_s"] = time.perf_counter() - start  # with making the pool and compiling the policy
+            log_eval(metrics, summary["global_step"], final=True)
+            summary["final_eval"] = {k.removeprefix("eval/"): v for k, v in metrics.items()} | {
+                "params_version": setup.num_updates, "seed": evaluator.seed, "greedy": args.eval_greedy}
+        except Stopped:  # a stop signal during the final evaluation: training is done and saved
+            if not run.signum:
+                raise
+            summary["interrupted_by"] = signal.Signals(run.signum).name
         finally:
             evaluator.close()
-        metrics["eval/time_s"] = time.perf_counter() - start  # with making the pool and compiling the policy
-        log_eval(metrics, summary["global_step"])
-        summary["final_eval"] = {k.removeprefix("eval/"): v for k, v in metrics.items()}
     leaves = [host(x) for x in jax.tree.leaves(state.params)]
     summary["params_sha256"] = hashlib.sha256(b"".join(np.ascontiguousarray(x).tobytes() for x in leaves)).hexdigest()
 
@@ -1473,7 +1500,11 @@ def main(args: Args) -> dict:
             print(f"{run_dir} already finished at update {meta['update']} (global step {meta['global_step']}); "
                   "raise --total-timesteps to train it further")
         summary_file = run_dir / "summary.json"
-        return json.loads(summary_file.read_text()) if summary_file.exists() else {"global_step": meta["global_step"]}
+        summary = json.loads(summary_file.read_text()) if summary_file.exists() else {"global_step": meta["global_step"]}
+        if lead and args.eval_episodes and "final_eval" not in summary:
+            print(f"it has no final evaluation (stopped during it?): python scripts/evaluate.py {run_dir} --episodes "
+                  f"{args.eval_episodes} --seed {args.seed + EVAL_SEED_OFFSET}{' --greedy' * args.eval_greedy}")
+        return summary
     run_dir.mkdir(parents=True, exist_ok=True)
     checkpointer = Checkpointer(run_dir / "checkpoints")
     if lead and args.deterministic and not args.checkpoint_interval:
@@ -1487,7 +1518,8 @@ def main(args: Args) -> dict:
               f"(recv batch {setup.async_batch_size}) = {setup.num_envs_total} envs; {len(learner_devices)} learner "
               f"device(s) x {setup.envs_per_learner} envs; env steps per update: {args.num_steps * args.local_num_envs} "
               f"per thread, {args.num_steps * per_process} per process, {setup.batch_size} in all; "
-              f"{setup.num_updates} updates")
+              f"{setup.num_updates} updates" + "; observation normalisation" * setup.norm_obs
+              + "; reward scaling" * setup.norm_reward)
 
     atari = is_atari(args.env_id)
     agent, spec = make_agent(args)
@@ -1508,7 +1540,7 @@ def main(args: Args) -> dict:
     learner_key = placement.replicate(learner_key)
     update_fn = make_update_fn(args, agent, placement.mesh)
     policy = make_policy_fn(agent, action_space)
-    eval_seed = args.seed + 1_000_003  # an env seed range of its own, far from the training pools'
+    eval_seed = args.seed + EVAL_SEED_OFFSET
 
     run = Run(args, setup, placement, ParamsSlot(keep=args.max_policy_lag + 2 if args.deterministic else 1),
               [queue.Queue(maxsize=1) for _ in range(setup.num_actor_threads_total)], threading.Event(),

@@ -69,10 +69,12 @@ def test_eval_thread_logs_eval_metrics_and_the_final_evaluation_matches_evaluate
     assert final == 16 and len(periodic) >= 2, versions  # the eval thread's, then the final evaluation
     assert all(2 <= v < 16 for v in periodic) and periodic == sorted(set(periodic))
     assert [e.value for e in events.Scalars("eval/global_step")] == [v * 8 * 32 for v in versions]
-    assert f"eval at update {periodic[0]}: return" in capsys.readouterr().out
-    # The final evaluation is scripts/evaluate.py's protocol with the eval pool's seed (--seed + 1,000,003).
-    assert summary["final_eval"]["params_version"] == 16
-    again = evaluate.main([str(run), "--episodes", "3", "--seed", str(1 + 1_000_003), "--json"])
+    out = capsys.readouterr().out
+    assert f"eval at update {periodic[0]} (sampled actions): return" in out
+    assert "final eval at update 16 (sampled actions): return" in out
+    # The final evaluation is scripts/evaluate.py's protocol with the eval pool's seed, recorded in the summary.
+    assert summary["final_eval"]["params_version"] == 16 and summary["final_eval"]["seed"] == 1 + ppo.EVAL_SEED_OFFSET
+    again = evaluate.main([str(run), "--episodes", "3", "--seed", str(summary["final_eval"]["seed"]), "--json"])
     assert summary["final_eval"]["episodic_return_mean"] == pytest.approx(again["return_mean"])
     assert summary["final_eval"]["episodic_length_mean"] == pytest.approx(again["length_mean"])
 
@@ -88,6 +90,10 @@ def test_impala_runs_and_bad_run_dirs(tmp_path):
         evaluate.main([str(tmp_path)])
     with pytest.raises(SystemExit, match="is not a directory"):
         evaluate.main([str(tmp_path / "missing")])
+    for episodes, recorded in (("3", "0"), ("2", "5")):
+        with pytest.raises(SystemExit) as error:  # argparse: usage and one line on stderr, exit status 2
+            evaluate.main([str(run), "--episodes", episodes, "--video", "v.mp4", "--video-episodes", recorded])
+        assert error.value.code == 2 and not Path("v.mp4").exists()
 
 
 def frames_in(path: Path) -> int:

@@ -202,3 +202,37 @@ def test_deterministic_runs_are_bit_identical_and_a_stopped_run_resumes_into_the
     # The checkpoint interval decides where envs restart: a deterministic run may not change it.
     out, _ = run_cli([*flags, "--checkpoint-interval", "8", "--run-name", "first"], script=script)  # last value counts
     assert out.returncode == 2 and "--checkpoint-interval 4 (now 8)" in out.stderr
+
+
+def test_a_stop_signal_during_the_final_evaluation_keeps_the_run_and_says_how_to_finish_it(monkeypatch, capsys):
+    real = ppo.Evaluator.__call__
+
+    def signalled(self, params, stop):  # SIGTERM arrives while the final evaluation starts
+        os.kill(os.getpid(), signal.SIGTERM)
+        time.sleep(0.5)  # the handler runs in the main thread
+        return real(self, params, stop)
+
+    monkeypatch.setattr(ppo.Evaluator, "__call__", signalled)
+    flags = [*SMALL["ppo_envpool"], "--total-timesteps", str(8 * 16 * 2 * 2), "--run-name", "final"]
+    summary = ppo.main(ppo.tyro.cli(ppo.Args, args=flags))
+    assert summary["interrupted_by"] == "SIGTERM" and "final_eval" not in summary
+    assert summary["updates"] == 2 and len(summary["params_sha256"]) == 64  # trained, saved and hashed
+    assert "stopped by SIGTERM" in capsys.readouterr().out
+    # Evaluation flags, and --norm-obs given as its resolved value, may change on resume.
+    again = ppo.main(ppo.tyro.cli(ppo.Args, args=[*flags, "--eval-interval", "1", "--norm-obs", "False"]))
+    assert again == json.loads(Path("runs/final/summary.json").read_text())
+    out = capsys.readouterr().out
+    assert "already finished at update 2" in out
+    assert f"python scripts/evaluate.py runs/final --episodes 10 --seed {1 + ppo.EVAL_SEED_OFFSET}" in out
+    with pytest.raises(ppo.ConfigError, match=r"--norm-obs False \(now True\)"):
+        ppo.main(ppo.tyro.cli(ppo.Args, args=[*flags, "--norm-obs", "True"]))
+
+
+def test_many_minibatch_steps_over_two_learner_devices_do_not_stall_the_cpu_collectives():
+    # 32 minibatches x 10 epochs queued at once made XLA:CPU's all-reduce rendezvous time out
+    # and abort the process (MAX_STEPS_IN_FLIGHT): in a child process, so a regression cannot take pytest down.
+    # (Without it this run aborted in its first update, after 60 s, with exit status 134.)
+    out, _ = run_cli([*SMALL["ppo_envpool"][:-2], "--num-actor-threads", "1", "--num-steps", "32", "--hiddens", "64",
+                      "64", "--num-minibatches", "32", "--update-epochs", "10", "--learner-device-ids", "1", "2",
+                      "--total-timesteps", "512", "--eval-episodes", "0", "--run-name", "many"])
+    assert out.returncode == 0, out.stderr[-2000:]
