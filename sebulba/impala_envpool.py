@@ -878,8 +878,9 @@ def make_policy_fn(agent: Agent, action_space=None, greedy: bool = False):
     """jit((params, obs_moments), obs [B, *obs], key) -> (action, env action, logprob [B], value [B], key).
 
     The action is what the behaviour policy sampled ([B] int32, or [B, A] float32); the env
-    action is the same clipped to a Box `action_space`'s bounds, what `send` gets. `greedy`
-    takes the policy's mode instead of sampling (evaluation)."""
+    action is the same clipped to a Box `action_space`'s bounds, what `send` gets (None for
+    discrete actions: send the action; no second copy to the host). `greedy` takes the
+    policy's mode instead of sampling (evaluation)."""
     bounds = (action_space.low, action_space.high) if agent.continuous else None
 
     @jax.jit
@@ -888,7 +889,7 @@ def make_policy_fn(agent: Agent, action_space=None, greedy: bool = False):
         dist, value = agent.apply(params, obs, obs_moments)
         key, sample_key = jax.random.split(key)
         action = sample_action(dist, sample_key, greedy)
-        env_action = action if bounds is None else jnp.clip(action, *bounds)
+        env_action = None if bounds is None else jnp.clip(action, *bounds)
         return action, env_action, log_prob(dist, action), value, key
 
     return policy
@@ -932,7 +933,7 @@ def run_actor(envs, policy, device: jax.Device, key, params_slot: ParamsSlot, ro
             action, env_action, logprob, value, key = policy(params[device], obs, key)
             action, logprob, value = np.asarray(action), np.asarray(logprob), np.asarray(value)
         with timer("env_send_time_s"):
-            envs.send(np.asarray(env_action), env_id)
+            envs.send(action if env_action is None else np.asarray(env_action), env_id)
         with timer("rollout_assembly_time_s"):
             completed = assembler.add(env_id, obs, reward, terminated, truncated, lives,
                                       action, logprob, value, version)
@@ -977,8 +978,8 @@ def run_episodes(envs, policy, params, key, stop=None, record=None):
     while running.any():
         if stop is not None and stop.is_set():
             raise Stopped
-        _, env_action, _, _, key = policy(params, obs, key)
-        obs, reward, terminated, truncated, _ = envs.step(np.asarray(env_action))
+        action, env_action, _, _, key = policy(params, obs, key)
+        obs, reward, terminated, truncated, _ = envs.step(np.asarray(action if env_action is None else env_action))
         returns += np.where(running, reward, 0.0)
         lengths += running
         if record:
