@@ -1057,12 +1057,13 @@ class Placement:
         device's contiguous env slice holds an equal part of every thread's envs."""
         num_learners = self.num_local_learners
 
-        def interleave(*xs):
-            x = np.stack(xs)  # [K, T+1, N, ...]
-            k, t, n = x.shape[:3]
-            x = x.reshape((k, t, num_learners, n // num_learners) + x.shape[3:])
-            local = np.moveaxis(x, 0, 2).reshape((t, k * n) + x.shape[4:])
-            global_shape = (t, k * n * jax.process_count()) + x.shape[4:]
+        def interleave(*xs):  # K x [T+1, N, ...] -> [T+1, K*N, ...] in one copy (frames are most of the bytes)
+            (t, n), rest, k = xs[0].shape[:2], xs[0].shape[2:], len(xs)
+            local = np.empty((t, k * n) + rest, xs[0].dtype)
+            per_learner = local.reshape((t, num_learners, k, n // num_learners) + rest)
+            for i, x in enumerate(xs):
+                per_learner[:, :, i] = x.reshape((t, num_learners, n // num_learners) + rest)
+            global_shape = (t, k * n * jax.process_count()) + rest
             return jax.make_array_from_process_local_data(self.env_sharded, local, global_shape)
 
         return Rollout(*[interleave(*fields) for fields in zip(*rollouts)])
@@ -1346,19 +1347,21 @@ def run_learner(run: Run, state: LearnerState, update_fn, lr_schedule, key, epis
             raise
         with timer("transfer_time_s"):
             batch = jax.block_until_ready(placement.to_learners([it[0] for it in items]))
+        lag = update - np.concatenate([rollout.versions[:-1].ravel() for rollout, *_ in items])
+        items = [item[1:] for item in items]  # the host rollouts are on the learner now: free their frames
         key, update_key = jax.random.split(key)
         with timer("update_time_s"):
             state, metrics = update_fn(state, batch, update_key)
             metrics = jax.tree.map(host, metrics)
+        del batch  # before the next rollouts arrive
         run.params_slot.publish(update + 1, placement.to_actors((state.params, state.obs_moments)))
         while not run.eval_results.empty():
             log_eval(run.eval_results.get_nowait(), (update + 1) * setup.batch_size)
 
-        lag = update - np.concatenate([rollout.versions[:-1].ravel() for rollout, *_ in items])
         window["policy_lag/min"].append(lag.min())
         window["policy_lag/mean"].append(lag.mean())
         window["policy_lag/max"].append(lag.max())
-        for _, returns, lengths, stats in items:
+        for returns, lengths, stats in items:
             episodes.extend(zip(returns, lengths))
             for k, v in stats.items():
                 window[f"actor/{k}"].append(v)

@@ -119,7 +119,8 @@ class Args:
     num_minibatches: int = 4
     """minibatches per epoch on each learner device"""
     gradient_accumulation_steps: int = 1
-    """microbatches each minibatch's gradient is accumulated over (same result, less memory)"""
+    """microbatches each minibatch's gradient is averaged over, one program each: the working memory of one
+    microbatch (means and --norm-adv statistics are taken per microbatch)"""
     update_epochs: int = 4
     """passes over each rollout batch"""
     norm_adv: bool = True
@@ -1052,12 +1053,13 @@ class Placement:
         device's contiguous env slice holds an equal part of every thread's envs."""
         num_learners = self.num_local_learners
 
-        def interleave(*xs):
-            x = np.stack(xs)  # [K, T+1, N, ...]
-            k, t, n = x.shape[:3]
-            x = x.reshape((k, t, num_learners, n // num_learners) + x.shape[3:])
-            local = np.moveaxis(x, 0, 2).reshape((t, k * n) + x.shape[4:])
-            global_shape = (t, k * n * jax.process_count()) + x.shape[4:]
+        def interleave(*xs):  # K x [T+1, N, ...] -> [T+1, K*N, ...] in one copy (frames are most of the bytes)
+            (t, n), rest, k = xs[0].shape[:2], xs[0].shape[2:], len(xs)
+            local = np.empty((t, k * n) + rest, xs[0].dtype)
+            per_learner = local.reshape((t, num_learners, k, n // num_learners) + rest)
+            for i, x in enumerate(xs):
+                per_learner[:, :, i] = x.reshape((t, num_learners, n // num_learners) + rest)
+            global_shape = (t, k * n * jax.process_count()) + rest
             return jax.make_array_from_process_local_data(self.env_sharded, local, global_shape)
 
         return Rollout(*[interleave(*fields) for fields in zip(*rollouts)])
@@ -1122,7 +1124,7 @@ def make_train_state(args: Args, setup: Setup, params, placement: Placement):
     return placement.replicate(state), lr_schedule
 
 
-# Minibatch steps dispatched before waiting for them. On XLA:CPU, ~300 queued steps whose
+# Minibatch (or microbatch) programs dispatched before waiting for them. On XLA:CPU, ~300 queued steps whose
 # all-reduces span two devices stall in the collective rendezvous and abort the process
 # (32 minibatches x 10 epochs on --learner-device-ids 1 2); on GPUs a wait every 8 steps
 # costs one pipeline drain per 8 steps.
@@ -1134,16 +1136,24 @@ def make_update_fn(args: Args, agent: Agent, mesh: Mesh):
     axis, key) -> (LearnerState, metrics dict of scalars).
 
     First the --norm-obs / --norm-reward statistics take in the rollout (the update then
-    normalises with them; actors receive them with the params). Then three compiled
+    normalises with them; actors receive them with the params). Then compiled
     `jit(shard_map(...))` pieces: `prepare` (GAE on each device's env slice, rewards scaled
-    with --norm-reward), `shuffle` (one permutation per epoch and device), and `step` (one
-    minibatch: the mean of gradient_accumulation_steps microbatch gradients, `lax.pmean` over
-    devices, one Adam step). Python drives update_epochs x num_minibatches steps; dispatch is asynchronous,
-    so the device runs them back to back. Why not one program with `lax.scan` loops: on
-    XLA:CPU that program's conv-net gradients compile to a slow, non-Eigen convolution
-    (15-40x slower, unrolled or not; measured in docs/performance.md), while the
-    one-minibatch program keeps the fast kernels. On GPUs the difference is a few
-    microseconds of dispatch per minibatch.
+    with --norm-reward; the frames are not copied), `shuffle` (one permutation of transition
+    indices per epoch and device), `gradient` (one microbatch's gradient, its frames gathered
+    from the rollout, `lax.pmean` over devices, added to the minibatch's running mean) and
+    `step` (the minibatch's last microbatch, then one Adam step). Python drives update_epochs x
+    num_minibatches x gradient_accumulation_steps programs; dispatch is asynchronous, so the
+    device runs them back to back. One program per microbatch, so that only one microbatch's
+    activations exist at a time: unrolled inside one program, XLA kept them all alive (a
+    4,096-frame IMPALA-ResNet minibatch: 20.3 GiB of working memory, 18.8 GiB as 16
+    microbatches; 1.3 GiB per 256-frame microbatch program). Why not one program with
+    `lax.scan` loops: on XLA:CPU that program's conv-net gradients compile to a slow,
+    non-Eigen convolution (15-40x slower, unrolled or not; measured in docs/performance.md),
+    while the one-minibatch program keeps the fast kernels. On GPUs the difference is a few
+    microseconds of dispatch per program.
+
+    The returned function has `.programs` ({name: jitted program}) for inspection
+    (benchmark/memory.py reads their compiled memory).
     """
     n_mb, n_acc, env_axis = args.num_minibatches, args.gradient_accumulation_steps, P(None, "learner")
     norm_reward = normalization(args)[1]
@@ -1151,51 +1161,65 @@ def make_update_fn(args: Args, agent: Agent, mesh: Mesh):
 
     def prepare(return_moments: RunningMoments, rollout: Rollout) -> Minibatch:  # per device: [T+1, n] -> [T * n]
         transitions = prepare_transitions(rollout, args.gamma, args.gae_lambda, return_moments if norm_reward else None)
-        return jax.tree.map(lambda x: x.reshape((-1,) + x.shape[2:]), transitions)
+        # Observations stay in the rollout (no copy of the frames): `step` gathers its rows.
+        return jax.tree.map(lambda x: x.reshape((-1,) + x.shape[2:]), transitions._replace(obs=None))
 
-    def shuffle(data: Minibatch, key) -> Minibatch:  # per device: [T * n] -> [n_mb, T * n / n_mb]
+    def shuffle(data: Minibatch, key):  # per device: [T * n] -> [n_mb, T * n / n_mb] int32 transition indices
         key = jax.random.fold_in(key, jax.lax.axis_index("learner"))
-        perm = jax.random.permutation(key, data.actions.shape[0])
-        return jax.tree.map(lambda x: x[perm].reshape((n_mb, -1) + x.shape[1:]), data)
+        return jax.random.permutation(key, data.actions.shape[0]).reshape((n_mb, -1))
 
-    def step(state: LearnerState, shuffled: Minibatch, index):
-        mb = jax.tree.map(lambda x: x[index], shuffled)
+    def add_gradient(state: LearnerState, grads, obs, data: Minibatch, perm, index, micro):
+        """`grads` plus one microbatch's gradient (averaged over devices, / n_acc), and its metrics."""
+        rows = perm[index].reshape((n_acc, -1))[micro]
+        # Rows 0..T-1 of the rollout's [T+1, n, ...] observations are transitions 0..T*n-1 when flattened.
+        part = jax.tree.map(lambda x: x[rows], data)._replace(obs=obs.reshape((-1,) + obs.shape[2:])[rows])
         # Params are replicated (invariant over "learner"); the gradient of an invariant input
         # would come back already summed over devices. Casting to varying keeps it local, so
         # the pmean below averages it.
         params = jax.lax.pcast(state.params, "learner", to="varying")
-        grads, metrics = None, []
-        for micro in range(n_acc):  # unrolled at trace time: no loop around the gradient
-            part = jax.tree.map(lambda x: x.reshape((n_acc, -1) + x.shape[1:])[micro], mb)
-            (_, m), g = jax.value_and_grad(ppo_loss, has_aux=True)(
-                params, lambda p, obs: agent.apply(p, obs, state.obs_moments), part, args.clip_coef, args.ent_coef,
-                args.vf_coef, args.norm_adv)
-            grads = g if grads is None else jax.tree.map(jnp.add, grads, g)
-            metrics.append(m)
-        grads = jax.lax.pmean(jax.tree.map(lambda g: g / n_acc, grads), "learner")
-        metrics = jax.tree.map(lambda *m: jax.lax.pmean(jnp.mean(jnp.stack(m)), "learner"), *metrics)
-        return state.apply_gradients(grads=grads), metrics
+        (_, metrics), g = jax.value_and_grad(ppo_loss, has_aux=True)(
+            params, lambda p, obs: agent.apply(p, obs, state.obs_moments), part, args.clip_coef, args.ent_coef,
+            args.vf_coef, args.norm_adv)
+        grads = jax.tree.map(lambda acc, g: acc + g / n_acc, grads, jax.lax.pmean(g, "learner"))
+        return grads, jax.tree.map(lambda m: jax.lax.pmean(m, "learner"), metrics)
+
+    def step(state: LearnerState, grads, obs, data: Minibatch, perm, index, micro):
+        """The minibatch's last microbatch, then one Adam step; zeros to accumulate the next one in."""
+        grads, metrics = add_gradient(state, grads, obs, data, perm, index, micro)
+        return state.apply_gradients(grads=grads), jax.tree.map(jnp.zeros_like, grads), metrics
+
+    def zeros(params):
+        return jax.tree.map(jnp.zeros_like, params)
 
     prepare = jax.jit(jax.shard_map(prepare, mesh=mesh, in_specs=(P(), env_axis), out_specs=P("learner")))
     shuffle = jax.jit(jax.shard_map(shuffle, mesh=mesh, in_specs=(P("learner"), P()), out_specs=env_axis))
-    step = jax.jit(jax.shard_map(step, mesh=mesh, in_specs=(P(), env_axis, P()), out_specs=(P(), P())))
-    # Minibatch indices as arrays on the mesh: a multi-process jit takes no host values.
-    indices = [jax.make_array_from_process_local_data(NamedSharding(mesh, P()), np.int32(i)) for i in range(n_mb)]
+    in_specs = (P(), P(), env_axis, P("learner"), env_axis, P(), P())
+    gradient = jax.jit(jax.shard_map(add_gradient, mesh=mesh, in_specs=in_specs, out_specs=(P(), P())))
+    step = jax.jit(jax.shard_map(step, mesh=mesh, in_specs=in_specs, out_specs=(P(), P(), P())))
+    zeros = jax.jit(jax.shard_map(zeros, mesh=mesh, in_specs=P(), out_specs=P()))
+    # Minibatch and microbatch indices as arrays on the mesh: a multi-process jit takes no host values.
+    index = [jax.make_array_from_process_local_data(NamedSharding(mesh, P()), np.int32(i))
+             for i in range(max(n_mb, n_acc))]
 
     def update(state: LearnerState, rollout: Rollout, key):
         obs_moments, return_moments = refresh_normalizers(state.obs_moments, state.return_moments, rollout)
         state = state.replace(obs_moments=obs_moments, return_moments=return_moments)
         data = prepare(return_moments, rollout)
-        metrics = []
+        grads, metrics = zeros(state.params), []
         for epoch_key in jax.random.split(key, args.update_epochs):
-            shuffled = shuffle(data, epoch_key)
-            for index in indices:
-                state, m = step(state, shuffled, index)
+            perm = shuffle(data, epoch_key)
+            for minibatch in index[:n_mb]:
+                # One program per microbatch: only one microbatch's activations exist at a time.
+                for micro in index[:n_acc - 1]:
+                    grads, m = gradient(state, grads, rollout.obs, data, perm, minibatch, micro)
+                    metrics.append(m)
+                state, grads, m = step(state, grads, rollout.obs, data, perm, minibatch, index[n_acc - 1])
                 metrics.append(m)
                 if len(metrics) % MAX_STEPS_IN_FLIGHT == 0:
                     jax.block_until_ready(state)
         return state, jax.tree.map(lambda *m: jnp.mean(jnp.stack(m)), *metrics)
 
+    update.programs = {"prepare": prepare, "shuffle": shuffle, "gradient": gradient, "step": step}  # for inspection
     return update
 
 
@@ -1394,19 +1418,21 @@ def run_learner(run: Run, state: LearnerState, update_fn, lr_schedule, key, epis
             raise
         with timer("transfer_time_s"):
             batch = jax.block_until_ready(placement.to_learners([it[0] for it in items]))
+        lag = update - np.concatenate([rollout.versions[:-1].ravel() for rollout, *_ in items])
+        items = [item[1:] for item in items]  # the host rollouts are on the learner now: free their frames
         key, update_key = jax.random.split(key)
         with timer("update_time_s"):
             state, metrics = update_fn(state, batch, update_key)
             metrics = jax.tree.map(host, metrics)
+        del batch  # before the next rollouts arrive
         run.params_slot.publish(update + 1, placement.to_actors((state.params, state.obs_moments)))
         while not run.eval_results.empty():
             log_eval(run.eval_results.get_nowait(), (update + 1) * setup.batch_size)
 
-        lag = update - np.concatenate([rollout.versions[:-1].ravel() for rollout, *_ in items])
         window["policy_lag/min"].append(lag.min())
         window["policy_lag/mean"].append(lag.mean())
         window["policy_lag/max"].append(lag.max())
-        for _, returns, lengths, stats in items:
+        for returns, lengths, stats in items:
             episodes.extend(zip(returns, lengths))
             for k, v in stats.items():
                 window[f"actor/{k}"].append(v)

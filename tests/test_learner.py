@@ -1,13 +1,16 @@
 """Placement and the SPMD learner (cases K08, K11)."""
 
+import re
+
 import jax
 import jax.numpy as jnp
 import numpy as np
 import optax
 import pytest
+from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
-from sebulba.ppo_envpool import (Agent, Args, LearnerState, Placement, Rollout, RunningMoments, make_update_fn,
+from sebulba.ppo_envpool import (Agent, Args, LearnerState, Minibatch, Placement, Rollout, RunningMoments, make_update_fn,
                                  normalize_advantages, prepare_transitions)
 
 FRESH = dict(obs_moments=RunningMoments.create(()), return_moments=RunningMoments.create(()))  # normalisers off
@@ -117,3 +120,71 @@ def test_gradients_are_averaged_over_learner_devices_not_summed():
     moved = jax.tree.map(lambda a, b: np.abs(a - b).max(), new_params[0], params)
     assert max(jax.tree.leaves(moved)) > 1e-4
     jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, atol=1e-6), new_params[0], new_params[1])
+
+
+def accumulation_setup(n_acc: int, agent, obs_shape, obs_dtype, num_steps=8, num_envs=4):
+    devices = jax.devices()
+    placement = Placement([devices[0]], devices[1:2])
+    args = Args(num_minibatches=2, update_epochs=2, gradient_accumulation_steps=n_acc, norm_adv=False)
+    params = agent.init(jax.random.PRNGKey(0), jnp.zeros((1, *obs_shape), obs_dtype))
+    state = jax.device_put(LearnerState.create(apply_fn=None, params=params, **FRESH, tx=optax.sgd(0.1)),
+                           placement.replicated)
+    return placement, state, make_update_fn(args, agent, placement.mesh)
+
+
+def test_gradient_accumulation_takes_the_same_step():
+    """--gradient-accumulation-steps 4: the mean of 4 microbatch gradients is the minibatch's
+    gradient (advantages not normalised: with --norm-adv each microbatch normalises its own)."""
+    agent = Agent(num_actions=2, channels=(), hiddens=(8,), atari=False)
+    rollout = make_rollout(8, 4, 1.0, seed=5)
+    rollout = rollout._replace(values=np.random.default_rng(1).normal(size=rollout.values.shape).astype(np.float32))
+    results = []
+    for n_acc in (1, 4):
+        placement, state, update = accumulation_setup(n_acc, agent, (3,), np.float32)
+        state, metrics = update(state, placement.to_learners([rollout]), jax.random.PRNGKey(0))
+        results.append((jax.device_get(state.params), jax.device_get(metrics)))
+    (params_1, metrics_1), (params_4, metrics_4) = results
+    jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, atol=1e-6), params_1, params_4)
+    for name in ("policy_loss", "value_loss", "entropy"):  # means of equal-sized parts: the same mean
+        np.testing.assert_allclose(metrics_1[name], metrics_4[name], rtol=1e-5)
+
+
+def lowered(setup, program: str, num_minibatches: int, minibatch: int, obs_shape, obs_dtype):
+    """One of the update's programs lowered for a rollout of that many minibatches ([T+1, minibatch] frames)."""
+    placement, state, update = setup
+    sharded, replicated, learner = placement.env_sharded, placement.replicated, NamedSharding(placement.mesh, P("learner"))
+    obs = jax.ShapeDtypeStruct((num_minibatches + 1, minibatch, *obs_shape), obs_dtype, sharding=sharded)
+    data = Minibatch(None, *[jax.ShapeDtypeStruct((num_minibatches * minibatch,), dtype, sharding=learner)
+                             for dtype in (np.int32, np.float32, np.float32, np.float32, np.float32)])
+    perm = jax.ShapeDtypeStruct((num_minibatches, minibatch), np.int32, sharding=sharded)
+    index = jax.ShapeDtypeStruct((), np.int32, sharding=replicated)
+    return update.programs[program].lower(state, state.params, obs, data, perm, index, index)
+
+
+def working_memory(*args) -> int:
+    """XLA's compiled temporary bytes of `lowered(*args)`."""
+    return lowered(*args).compile().memory_analysis().temp_size_in_bytes
+
+
+def test_gradient_accumulation_holds_one_microbatch_of_activations():
+    """The promise of --gradient-accumulation-steps: less memory. Each microbatch is a program of
+    its own, so a conv net's working memory shrinks with the microbatch (unrolled inside one
+    program, XLA kept every microbatch's activations: no saving at all)."""
+    agent = Agent(num_actions=4, channels=(4, 8), hiddens=(32,), atari=True)
+    obs_shape, minibatch = (84, 84, 4), 64
+    whole = working_memory(accumulation_setup(1, agent, obs_shape, np.uint8), "step", 2, minibatch, obs_shape, np.uint8)
+    accumulating = accumulation_setup(4, agent, obs_shape, np.uint8)
+    for program in ("gradient", "step"):
+        micro = working_memory(accumulating, program, 2, minibatch, obs_shape, np.uint8)
+        assert micro < 0.4 * whole, (program, micro, whole)
+
+
+def test_frames_stay_uint8_until_the_network():
+    """The learner's programs take the rollout's uint8 frames and gather each microbatch's rows
+    from them: the only float frames are one microbatch's (no float copy of the rollout)."""
+    agent = Agent(num_actions=4, channels=(4,), hiddens=(16,), atari=True)
+    text = lowered(accumulation_setup(4, agent, (84, 84, 4), np.uint8), "gradient", 2, 64, (84, 84, 4), np.uint8).as_text()
+    assert re.search(r"tensor<\d+x64x84x84x4xui8>", text)  # the rollout's frames, [T+1, envs, ...], as received
+    shapes = [tuple(map(int, dims.split("x"))) for dims in re.findall(r"tensor<([\dx]+)xf32>", text)]
+    float_frames = [shape[0] for shape in shapes if len(shape) == 4 and np.prod(shape[1:]) == 84 * 84 * 4]
+    assert float_frames and max(float_frames) == 64 // 4, float_frames  # one 16-frame microbatch (any layout)
