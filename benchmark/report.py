@@ -3,7 +3,7 @@
     python benchmark/report.py                                   # benchmark/results -> benchmark/RESULTS.md, docs/img/
     python benchmark/report.py --results DIR --md FILE --img DIR
 
-Reads env_throughput.json, stages.json, e2e.json and time_to_solve.json (whichever exist)
+Reads env_throughput.json, stages.json, e2e.json, time_to_solve.json and memory.json (whichever exist)
 and writes every table and figure from them; nothing in RESULTS.md is typed by hand.
 """
 
@@ -22,8 +22,8 @@ import matplotlib.pyplot as plt  # noqa: E402
 from common import RESULTS, ROOT  # noqa: E402
 
 # The performance targets (issue "close to the machine's limit"), checked against the data.
-ACTOR_EFFICIENCY, LIMIT_FRACTION, CARTPOLE_SPS, SOLVE_S, BREAKOUT_SPS, ASYNC_RATIO, FIRST_UPDATE_S = (
-    0.85, 0.85, 25_000, 60, 40, 1.5, 60)
+ACTOR_EFFICIENCY, LIMIT_FRACTION, CARTPOLE_SPS, SOLVE_S, BREAKOUT_SPS, ASYNC_RATIO, FIRST_UPDATE_S, RSS_RATIO = (
+    0.85, 0.85, 25_000, 60, 40, 1.5, 60, 2.5)
 
 
 def fmt(s: dict | None, digits: int = 0, scale: float = 1.0) -> str:
@@ -96,6 +96,15 @@ def stage_section(stages: dict, e2e: dict | None) -> list[str]:
             med = sorted(cpu)[len(cpu) // 2]
             out.append(f"| {task} | {layout} | {med * 1e6:,.1f} | {limit:,.0f} | {fmt(row['sps']) if row else 'n/a'} "
                        f"| {frac} |")
+    latency = [(task, t["summary"]) for task, t in stages["tasks"].items()
+               if (t["summary"].get("policy_us_alone") or {}).get("median") is not None]
+    if latency:
+        out += ["", "One policy call (the `recv` batch's observations in, action, log-prob and value out to the "
+                "host; wall-clock µs, median), alone and with a load looping in another thread: the learner's "
+                "update on learner device 1 (as end to end on a0-l1), or NumPy matrix products on every core.", "",
+                "| task | alone | beside the learner (XLA) | beside NumPy |", "| --- | --- | --- | --- |"]
+        out += [f"| {task} | {fmt(s['policy_us_alone'])} | {fmt(s['policy_us_beside_learner'])} | "
+                f"{fmt(s['policy_us_beside_numpy'])} |" for task, s in latency]
     sweep = [(task, r) for task, t in stages["tasks"].items() for r in t.get("efficiency_sweep", [])]
     if sweep:
         out += ["", "Actor efficiency against the pool: envs per pool, `recv` batch and EnvPool worker threads "
@@ -198,7 +207,29 @@ def solve_section(tts: dict, img: Path, rel: str) -> list[str]:
     return [*out, "", f"![learning curves]({rel}/learning_curves.png)", ""]
 
 
-def targets_section(stages, e2e, tts) -> list[str]:
+def memory_section(mem: dict) -> list[str]:
+    gib = lambda b: f"{b / 2**30:.2f} GiB"
+    threads, envs, steps = mem["num_actor_threads"], mem["local_num_envs"], mem["num_steps"]
+    flags = " ".join(mem["run_flags"])
+    return ["## Host memory (`benchmark/memory.py`)", "",
+            f"sebulba/ppo_envpool.py, {mem['env_id']}, the script's default sizes ({threads} actor threads × {envs} "
+            f"envs × {steps} steps, IMPALA ResNet 16-32-32/256, 4 minibatches). Rollouts in flight = "
+            f"{mem['in_flight_per_thread']} per actor thread (being assembled, queued, on the learner). Working "
+            "memory = XLA's compiled temporary bytes of the program taking one gradient. Peak RSS: the process, "
+            f"sampled every 0.5 s from launch to the end of its second update, median (min–max) of {mem['reps']} runs "
+            f"of `python sebulba/ppo_envpool.py {flags}`.", "",
+            "| | |", "| --- | --- |",
+            f"| frames in rollouts / in the learner's programs | {mem['rollout_obs_dtype']} / {mem['learner_obs_dtype']} |",
+            f"| one rollout (per actor thread) | {gib(mem['rollout_bytes'])} |",
+            f"| rollouts in flight | {gib(mem['in_flight_bytes'])} |",
+            f"| working memory, one 4,096-frame minibatch | {gib(mem['minibatch_working_bytes'])} |",
+            f"| working memory, as {mem['accumulation']} microbatches (one per program) | "
+            f"{gib(mem['microbatch_working_bytes'])} |",
+            f"| peak RSS (MiB) | {fmt(mem['peak_rss_bytes'], scale=2**-20)} |",
+            f"| peak RSS ÷ rollouts in flight | {fmt(mem['peak_rss_over_in_flight'], 2)} |", ""]
+
+
+def targets_section(stages, e2e, tts, mem=None) -> list[str]:
     rows = []
 
     def add(measure, value, target, ok):
@@ -235,6 +266,14 @@ def targets_section(stages, e2e, tts) -> list[str]:
         if a and s:
             ratio = a["sps"]["median"] / s["sps"]["median"]
             add(f"async ÷ sync, PPO {task} {layout}", f"{ratio:.2f}", f"≥ {ASYNC_RATIO}", ratio >= ASYNC_RATIO)
+    if mem:
+        uint8 = mem["rollout_obs_dtype"] == mem["learner_obs_dtype"] == "uint8"
+        add("Breakout-v5 frames stay uint8 until the network (rollouts / learner programs)",
+            f"{mem['rollout_obs_dtype']} / {mem['learner_obs_dtype']}", "uint8", uint8)
+        ratio = mem["peak_rss_over_in_flight"]["median"]
+        add(f"peak RSS ÷ rollouts in flight, Breakout-v5 default sizes (--gradient-accumulation-steps "
+            f"{mem['accumulation']})", f"{ratio:.2f} ({mem['peak_rss_bytes']['median'] / 2**30:.1f} GiB)",
+            f"≤ {RSS_RATIO}", ratio <= RSS_RATIO)
     if not rows:
         return []
     return ["## Performance targets", "", "Measured here against the targets of the performance issue.", "",
@@ -249,19 +288,21 @@ def save_fig(fig, path: Path):
 
 
 def report(results: Path, md: Path, img: Path) -> Path:
-    env, stages, e2e, tts = (load(results, n) for n in ("env_throughput", "stages", "e2e", "time_to_solve"))
-    if not any((env, stages, e2e, tts)):
+    env, stages, e2e, tts, mem = (load(results, n) for n in ("env_throughput", "stages", "e2e", "time_to_solve",
+                                                             "memory"))
+    if not any((env, stages, e2e, tts, mem)):
         raise SystemExit(f"no results in {results}: run benchmark/run.py first")
     rel = os.path.relpath(img, md.parent)
-    quick = any(d.get("quick") for d in (env, stages, e2e, tts) if d)
+    quick = any(d.get("quick") for d in (env, stages, e2e, tts, mem) if d)
     lines = ["# Benchmark results", "",
              f"Generated by `benchmark/report.py` from `{os.path.relpath(results, ROOT)}/*.json` "
              f"({'--quick: smoke-test sizes, not for quoting' if quick else 'full mode'}); reproduce with "
              f"`python benchmark/run.py{' --quick' if quick else ''}`. "
              f"{'One short repetition each (the ranges are that one value). ' if quick else 'Medians of several runs with (min–max). '}"
              "What each figure means and how to read it: docs/benchmarks.md.", ""]
-    lines += machine_section([env, stages, e2e, tts], ["env_throughput", "stages", "e2e", "time_to_solve"])
-    lines += targets_section(stages, e2e, tts)
+    lines += machine_section([env, stages, e2e, tts, mem], ["env_throughput", "stages", "e2e", "time_to_solve",
+                                                             "memory"])
+    lines += targets_section(stages, e2e, tts, mem)
     if env:
         lines += env_section(env, img, rel)
     if stages:
@@ -270,6 +311,8 @@ def report(results: Path, md: Path, img: Path) -> Path:
         lines += e2e_section(e2e, stages, img, rel)
     if tts:
         lines += solve_section(tts, img, rel)
+    if mem:
+        lines += memory_section(mem)
     md.write_text("\n".join(lines))
     return md
 

@@ -1,15 +1,15 @@
 """The benchmark suite in one command: measure, then regenerate RESULTS.md and the plots.
 
-    python benchmark/run.py            # full: ~55 min on 2 cores -> benchmark/results/, benchmark/RESULTS.md, docs/img/
-    python benchmark/run.py --quick    # smoke test, under 2 min -> benchmark/results/quick/ (RESULTS.md, img/)
+    python benchmark/run.py            # full: ~80 min on 2 cores -> benchmark/results/, benchmark/RESULTS.md, docs/img/
+    python benchmark/run.py --quick    # smoke test, ~4 min -> benchmark/results/quick/ (RESULTS.md, img/)
     python benchmark/run.py --only e2e stages    # re-measure some parts, keep the others' results
 
 Runs, each in its own process on an otherwise quiet machine: env_throughput (the actor
 side's physical limit), stages (each stage alone: actor efficiency, work-conserving limit),
 e2e (the scripts end to end, async vs sync, every layout), time_to_solve (CartPole-v1,
-PPO and IMPALA, 5 seeds); then report. Every part records the machine (CPU, cores, GPUs,
+PPO and IMPALA, 5 seeds), memory (peak host memory at the default Atari sizes); then report. Every part records the machine (CPU, cores, GPUs,
 library versions). --quick measures tiny versions of the same (CartPole only beyond env
-throughput) into benchmark/results/quick/, never over the full results.
+throughput and memory) into benchmark/results/quick/, never over the full results.
 """
 
 from __future__ import annotations
@@ -23,11 +23,11 @@ from pathlib import Path
 from common import RESULTS, ROOT
 from report import report
 
-PARTS = ("env_throughput", "stages", "e2e", "time_to_solve")
+PARTS = ("env_throughput", "stages", "e2e", "time_to_solve", "memory")
 
 if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--quick", action="store_true", help="smoke-test sizes (under 2 min on 2 cores)")
+    parser.add_argument("--quick", action="store_true", help="smoke-test sizes (~4 min on 2 cores)")
     parser.add_argument("--only", nargs="+", choices=PARTS, default=list(PARTS), help="parts to (re)measure")
     cli = parser.parse_args()
     out = RESULTS / "quick" if cli.quick else RESULTS

@@ -14,6 +14,8 @@ process CPU time (user + system, every thread: EnvPool workers, XLA's pool, Pyth
   bookkeeping cost nothing);
 * `inference`: the jitted policy alone on recv-batch-sized observations (host -> device ->
   host as the actor does) -> CPU-seconds per env step;
+* `policy latency` (CartPole-v1): median µs of one policy call alone, beside the learner's
+  update loop on another device, and beside a NumPy load: what CPU contention does to it;
 * `learning`: the compiled update alone on a batch of the run's shape, for each learner
   layout -> CPU-seconds per env step;
 * for CartPole-v1, actor efficiency over a sweep of pool sizes, `recv` batches and EnvPool
@@ -135,7 +137,8 @@ def inference_stage(args: ppo.Args, setup: ppo.Setup, seconds: float) -> float:
     return timed(step, seconds)[1]
 
 
-def learning_stage(flags: list[str], learners: list[int], seconds: float) -> float:
+def learning_loop(flags: list[str], learners: list[int]):
+    """(one update as the learner thread does it -> env steps, the run's Setup), compiled."""
     args, setup = task_args(flags, learners)
     agent, params, obs_space = agent_and_params(args)
     placement = ppo.Placement([jax.devices()[0]], [jax.devices()[i] for i in learners])
@@ -160,7 +163,55 @@ def learning_stage(flags: list[str], learners: list[int], seconds: float) -> flo
         jax.tree.map(ppo.host, metrics)
         return setup.batch_size
     step()  # compile
-    return timed(step, seconds, min_calls=2)[1]
+    return step, setup
+
+
+def learning_stage(flags: list[str], learners: list[int], seconds: float) -> float:
+    return timed(learning_loop(flags, learners)[0], seconds, min_calls=2)[1]
+
+
+def policy_latency(flags: list[str], seconds: float) -> dict[str, float]:
+    """Median wall-clock µs of one policy call (recv-batch observations, outputs to the host, on
+    actor device 0) alone; beside the learner's update loop on device 1 in another thread (what
+    the actor meets end to end on a0-l1); and beside a NumPy loop of 400x400 matrix products
+    (BLAS on every core, GIL released): CPU load that is not XLA's."""
+    args, setup = task_args(flags)
+    agent, params, obs_space = agent_and_params(args)
+    device = jax.devices()[0]
+    params = jax.device_put((params, ppo.RunningMoments.create(())), device)
+    policy = ppo.make_policy_fn(agent)
+    obs = np.zeros((setup.async_batch_size, *obs_space.shape), obs_space.dtype)
+    key = jax.device_put(jax.random.PRNGKey(0), device)
+
+    def median_call_us() -> float:
+        nonlocal key
+        times, start = [], time.perf_counter()
+        while time.perf_counter() - start < seconds:
+            t0 = time.perf_counter()
+            action, _, logprob, value, key = policy(params, obs, key)
+            np.asarray(action), np.asarray(logprob), np.asarray(value)
+            times.append(time.perf_counter() - t0)
+        return float(np.median(times)) * 1e6
+
+    def beside(load) -> float:
+        stop = threading.Event()
+
+        def loop():
+            while not stop.is_set():
+                load()
+        thread = threading.Thread(target=loop, daemon=True)
+        thread.start()
+        time.sleep(0.5)
+        try:
+            return median_call_us()
+        finally:
+            stop.set()
+            thread.join()
+
+    median_call_us()  # compile, warm up
+    learner_step = learning_loop(flags, [1])[0]
+    matrix = np.random.default_rng(0).random((400, 400), np.float32)
+    return {"alone": median_call_us(), "beside_learner": beside(learner_step), "beside_numpy": beside(lambda: matrix @ matrix)}
 
 
 # CartPole pools for the actor-efficiency sweep: (envs, recv batch, EnvPool worker threads).
@@ -189,13 +240,17 @@ def run(quick: bool, reps: int, seconds: float) -> dict:
         if quick and not spec["quick"]:
             continue
         args, setup = task_args(spec["flags"])
-        runs = {"raw_env_sps": [], "env_cpu_s_per_step": [], "actor_sps": [], "inference_cpu_s_per_step": []}
+        runs = {"raw_env_sps": [], "env_cpu_s_per_step": [], "actor_sps": [], "inference_cpu_s_per_step": [],
+                "policy_us_alone": [], "policy_us_beside_learner": [], "policy_us_beside_numpy": []}
         for _ in range(reps):
             sps, cpu = env_stage(args, setup, seconds)
             runs["raw_env_sps"].append(sps)
             runs["env_cpu_s_per_step"].append(cpu)
             runs["actor_sps"].append(actor_stage(args, setup, seconds))
             runs["inference_cpu_s_per_step"].append(inference_stage(args, setup, seconds))
+            if task == "CartPole-v1":  # the cheap policy whose latency matters; Breakout's is compute
+                for where, us in policy_latency(spec["flags"], seconds).items():
+                    runs[f"policy_us_{where}"].append(us)
         runs["actor_efficiency"] = [a / r for a, r in zip(runs["actor_sps"], runs["raw_env_sps"])]
         learning = {}
         for layout, learners in ({"a0-l0": [0]} if quick else spec["layouts"]).items():
@@ -215,6 +270,10 @@ def run(quick: bool, reps: int, seconds: float) -> dict:
               f"{s['env_cpu_s_per_step']['median'] * 1e6:.1f}, inference {s['inference_cpu_s_per_step']['median'] * 1e6:.1f}, "
               "learning " + ", ".join(f"{k} {spread(v)['median'] * 1e6:.1f}" for k, v in learning.items())
               + "; limit " + ", ".join(f"{k} {v:,.0f}" for k, v in limits.items()) + " SPS", flush=True)
+        if s["policy_us_alone"]["median"] is not None:
+            print(f"  policy call: {s['policy_us_alone']['median']:.0f} us alone, "
+                  f"{s['policy_us_beside_learner']['median']:.0f} beside the learner, "
+                  f"{s['policy_us_beside_numpy']['median']:.0f} beside NumPy", flush=True)
     return results
 
 

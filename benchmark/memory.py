@@ -1,0 +1,108 @@
+"""Peak host memory with the default Atari sizes, against the rollouts that can be in flight.
+
+    python benchmark/memory.py            # Breakout-v5 at the script's default sizes, 3 runs (~25 min on 2 cores)
+    python benchmark/memory.py --quick    # the computed figures and one small run (~2 min)
+
+sebulba/ppo_envpool.py on Breakout-v5 with the script's defaults: 2 actor threads x 64 envs x
+128 steps, frames 84x84x4, IMPALA ResNet 16-32-32/256, 4 minibatches of 4,096 frames.
+
+* rollout bytes: one actor thread's rollout exactly as the script allocates it (a
+  RolloutAssembler buffer, num_steps + 1 rows), and the dtype of its frames;
+* rollouts in flight: per actor thread the one being assembled, the one in its queue (maxsize
+  1) and the one the learner trains on, i.e. 3 x actor threads;
+* frames on the learner: dtype of the observations the minibatch programs receive (after
+  `prepare` and `shuffle`, traced with the real shapes);
+* working memory (XLA's compiled temporary bytes) of the program that takes one minibatch's
+  gradient: the whole 4,096-frame minibatch, and as --gradient-accumulation-steps 64 (one
+  64-frame microbatch per program);
+* peak RSS of real runs (the process, sampled every 0.5 s from launch to the end of its second
+  update; during the first, the actors fill and queue the next rollout and start the one
+  after) with the default sizes plus `--gradient-accumulation-steps 64 --update-epochs 1`: the
+  whole minibatch's working memory does not fit a 24 GiB machine, and one epoch instead of
+  four changes no buffer, only the time (~2.5 min per update instead of ~10 on 2 cores).
+
+Writes benchmark/results/memory.json.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import jax
+import numpy as np
+from common import cli_parser, run_script, save, spread
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from sebulba import ppo_envpool as ppo
+
+ENV = ["--env-id", "Breakout-v5"]
+ACCUMULATION = 64
+RUN_FLAGS = [*ENV, "--gradient-accumulation-steps", str(ACCUMULATION), "--update-epochs", "1"]
+QUICK_FLAGS = [*RUN_FLAGS, "--local-num-envs", "8", "--num-steps", "32"]
+IN_FLIGHT_PER_THREAD = 3  # assembling + queued (maxsize 1) + on the learner
+
+
+def rollout_bytes(args: ppo.Args) -> tuple[int, str]:
+    """(bytes of one actor thread's rollout as the script allocates it, dtype of its frames)."""
+    obs_space = ppo.make_agent(args)[1].observation_space
+    assembler = ppo.RolloutAssembler(args.local_num_envs, args.num_steps, obs_space.shape, obs_space.dtype,
+                                     clip_rewards=True, episodic_life=True)
+    buffer = assembler._buffer(0)
+    return sum(field.nbytes for field in buffer), str(buffer.obs.dtype)
+
+
+def working_memory(flags: list[str]) -> tuple[int, str]:
+    """(XLA's temporary bytes of the program taking one (micro)batch's gradient, the dtype of the
+    frames it receives), for the real update on one learner device and a rollout of the run's shape."""
+    args = ppo.tyro.cli(ppo.Args, args=[*flags, "--learner-device-ids", "0"])
+    setup = ppo.resolve(args)
+    agent, spec = ppo.make_agent(args)
+    params = ppo.init_params(agent, spec, jax.random.PRNGKey(0))
+    placement = ppo.Placement([jax.devices()[0]], [jax.devices()[0]])
+    state, _ = ppo.make_train_state(args, setup, params, placement)
+    update = ppo.make_update_fn(args, agent, placement.mesh)
+    obs_space, replicated = spec.observation_space, placement.replicated
+    t, n = args.num_steps + 1, args.local_num_envs * args.num_actor_threads
+    shape = lambda extra, dtype: jax.ShapeDtypeStruct((t, n, *extra), dtype, sharding=placement.env_sharded)
+    rollout = ppo.Rollout(shape(obs_space.shape, obs_space.dtype), shape((), np.int32), *[shape((), np.float32)] * 3,
+                          shape((), bool), shape((), bool), shape((), np.int32), shape((), np.float32))
+    data = jax.eval_shape(update.programs["prepare"], state.return_moments, rollout)
+    perm = jax.eval_shape(update.programs["shuffle"], data, jax.ShapeDtypeStruct((2,), np.uint32, sharding=replicated))
+    index = jax.ShapeDtypeStruct((), np.int32, sharding=replicated)
+    program = update.programs["step" if args.gradient_accumulation_steps == 1 else "gradient"]
+    compiled = program.lower(state, state.params, rollout.obs, data, perm, index, index).compile()
+    return compiled.memory_analysis().temp_size_in_bytes, str(rollout.obs.dtype)
+
+
+def run(quick: bool, reps: int) -> dict:
+    args = ppo.tyro.cli(ppo.Args, args=ENV)
+    per_rollout, rollout_dtype = rollout_bytes(args)
+    in_flight = IN_FLIGHT_PER_THREAD * args.num_actor_threads * per_rollout
+    whole, learner_dtype = working_memory(ENV)
+    micro, _ = working_memory([*ENV, "--gradient-accumulation-steps", str(ACCUMULATION)])
+    print(f"rollout {per_rollout / 2**20:,.0f} MiB per actor thread (frames {rollout_dtype}), in flight "
+          f"{in_flight / 2**20:,.0f} MiB; learner frames {learner_dtype}; minibatch working memory "
+          f"{whole / 2**30:.1f} GiB whole, {micro / 2**30:.2f} GiB as {ACCUMULATION} microbatches", flush=True)
+    flags = QUICK_FLAGS if quick else RUN_FLAGS
+    run_args = ppo.tyro.cli(ppo.Args, args=flags)
+    batch = ppo.resolve(run_args).batch_size
+    run_in_flight = IN_FLIGHT_PER_THREAD * run_args.num_actor_threads * rollout_bytes(run_args)[0]
+    peaks = []
+    for i in range(1 if quick else reps):
+        result = run_script("ppo_envpool.py", [*flags, "--total-timesteps", str(2 * batch)], timeout=1800)
+        peaks.append(result["peak_rss_bytes"])
+        print(f"run {i + 1}: peak RSS {peaks[-1] / 2**20:,.0f} MiB = {peaks[-1] / run_in_flight:.2f} x in flight "
+              f"({result['wall_s']:.0f} s)", flush=True)
+    return {"quick": quick, "reps": len(peaks), "env_id": args.env_id, "num_actor_threads": args.num_actor_threads,
+            "local_num_envs": args.local_num_envs, "num_steps": args.num_steps,
+            "rollout_bytes": per_rollout, "rollout_obs_dtype": rollout_dtype, "learner_obs_dtype": learner_dtype,
+            "in_flight_per_thread": IN_FLIGHT_PER_THREAD, "in_flight_bytes": in_flight,
+            "minibatch_working_bytes": whole, "accumulation": ACCUMULATION, "microbatch_working_bytes": micro,
+            "run_flags": [*flags, "--total-timesteps", str(2 * batch)], "run_in_flight_bytes": run_in_flight,
+            "peak_rss_bytes": spread(peaks), "peak_rss_over_in_flight": spread([p / run_in_flight for p in peaks])}
+
+
+if __name__ == "__main__":
+    cli = cli_parser(__doc__, "memory", "the computed figures and one small run").parse_args()
+    print("written:", save("memory", run(cli.quick, reps=3), cli.out))
