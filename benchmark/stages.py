@@ -120,7 +120,9 @@ def actor_stage(args: ppo.Args, setup: ppo.Setup, seconds: float) -> float:
     return rows / elapsed
 
 
-def inference_stage(args: ppo.Args, setup: ppo.Setup, seconds: float) -> float:
+def policy_caller(args: ppo.Args, setup: ppo.Setup):
+    """One policy call as the actor makes it (recv-batch observations in, outputs to the host,
+    on actor device 0), compiled; returns the env steps it serves."""
     agent, params, obs_space = agent_and_params(args)
     device = jax.devices()[0]
     params = jax.device_put((params, ppo.RunningMoments.create(())), device)
@@ -128,13 +130,19 @@ def inference_stage(args: ppo.Args, setup: ppo.Setup, seconds: float) -> float:
     obs = np.zeros((setup.async_batch_size, *obs_space.shape), obs_space.dtype)
     key = jax.device_put(jax.random.PRNGKey(0), device)
 
-    def step():
+    def call():
         nonlocal key
         action, _, logprob, value, key = policy(params, obs, key)
         np.asarray(action), np.asarray(logprob), np.asarray(value)
         return len(obs)
-    timed(step, 0.2)
-    return timed(step, seconds)[1]
+    call()
+    return call
+
+
+def inference_stage(args: ppo.Args, setup: ppo.Setup, seconds: float) -> float:
+    call = policy_caller(args, setup)
+    timed(call, 0.2)
+    return timed(call, seconds)[1]
 
 
 def learning_loop(flags: list[str], learners: list[int]):
@@ -175,21 +183,13 @@ def policy_latency(flags: list[str], seconds: float) -> dict[str, float]:
     actor device 0) alone; beside the learner's update loop on device 1 in another thread (what
     the actor meets end to end on a0-l1); and beside a NumPy loop of 400x400 matrix products
     (BLAS on every core, GIL released): CPU load that is not XLA's."""
-    args, setup = task_args(flags)
-    agent, params, obs_space = agent_and_params(args)
-    device = jax.devices()[0]
-    params = jax.device_put((params, ppo.RunningMoments.create(())), device)
-    policy = ppo.make_policy_fn(agent)
-    obs = np.zeros((setup.async_batch_size, *obs_space.shape), obs_space.dtype)
-    key = jax.device_put(jax.random.PRNGKey(0), device)
+    call = policy_caller(*task_args(flags))
 
     def median_call_us() -> float:
-        nonlocal key
         times, start = [], time.perf_counter()
         while time.perf_counter() - start < seconds:
             t0 = time.perf_counter()
-            action, _, logprob, value, key = policy(params, obs, key)
-            np.asarray(action), np.asarray(logprob), np.asarray(value)
+            call()
             times.append(time.perf_counter() - t0)
         return float(np.median(times)) * 1e6
 
@@ -208,7 +208,7 @@ def policy_latency(flags: list[str], seconds: float) -> dict[str, float]:
             stop.set()
             thread.join()
 
-    median_call_us()  # compile, warm up
+    median_call_us()  # warm up
     learner_step = learning_loop(flags, [1])[0]
     matrix = np.random.default_rng(0).random((400, 400), np.float32)
     return {"alone": median_call_us(), "beside_learner": beside(learner_step), "beside_numpy": beside(lambda: matrix @ matrix)}
