@@ -219,7 +219,7 @@ def memory_section(mem: dict) -> list[str]:
             f"sampled every 0.5 s from launch to the end of its second update, median (min–max) of {mem['reps']} runs "
             f"of `python sebulba/ppo_envpool.py {flags}`.", "",
             "| | |", "| --- | --- |",
-            f"| frames in rollouts / in the learner's programs | {mem['rollout_obs_dtype']} / {mem['learner_obs_dtype']} |",
+            f"| frames in rollouts / received by the learner's programs | {mem['rollout_obs_dtype']} / {mem['learner_obs_dtype']} |",
             f"| one rollout (per actor thread) | {gib(mem['rollout_bytes'])} |",
             f"| rollouts in flight | {gib(mem['in_flight_bytes'])} |",
             f"| working memory, one 4,096-frame minibatch | {gib(mem['minibatch_working_bytes'])} |",
@@ -268,7 +268,8 @@ def targets_section(stages, e2e, tts, mem=None) -> list[str]:
             add(f"async ÷ sync, PPO {task} {layout}", f"{ratio:.2f}", f"≥ {ASYNC_RATIO}", ratio >= ASYNC_RATIO)
     if mem:
         uint8 = mem["rollout_obs_dtype"] == mem["learner_obs_dtype"] == "uint8"
-        add("Breakout-v5 frames stay uint8 until the network (rollouts / learner programs)",
+        add("Breakout-v5 frames stay uint8 until the network (rollouts / learner programs' input; float only "
+            "for one microbatch inside: tests/test_learner.py::test_frames_stay_uint8_until_the_network)",
             f"{mem['rollout_obs_dtype']} / {mem['learner_obs_dtype']}", "uint8", uint8)
         ratio = mem["peak_rss_over_in_flight"]["median"]
         add(f"peak RSS ÷ rollouts in flight, Breakout-v5 default sizes (--gradient-accumulation-steps "
