@@ -39,8 +39,8 @@ GYMNASIUM_MAX_ENVS = 32  # one process per env: beyond this a 2-core machine onl
 def envpool_pool(env_id: str, num_envs: int, batch_size: int, num_threads: int):
     import sys
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-    from sebulba.ppo_envpool import Args, make_envs  # the training protocol's settings
-    return make_envs(Args(env_id=env_id), num_envs, batch_size, seed=0, num_threads=num_threads)
+    from sebulba.envs import make_envs  # the training protocol's settings
+    return make_envs(env_id, num_envs, batch_size, seed=0, num_threads=num_threads)
 
 
 def gymnasium_env(env_id: str):

@@ -31,10 +31,13 @@ from pathlib import Path
 
 import jax
 import numpy as np
+import tyro
 from common import cli_parser, run_script, save, spread
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from sebulba import ppo_envpool as ppo
+from sebulba.devices import Placement
+from sebulba.rollouts import Rollout, RolloutAssembler
 
 ENV = ["--env-id", "Breakout-v5"]
 ACCUMULATION = 64
@@ -46,7 +49,7 @@ IN_FLIGHT_PER_THREAD = 3  # assembling + queued (maxsize 1) + on the learner
 def rollout_bytes(args: ppo.Args) -> tuple[int, str]:
     """(bytes of one actor thread's rollout as the script allocates it, dtype of its frames)."""
     obs_space = ppo.make_agent(args)[1].observation_space
-    assembler = ppo.RolloutAssembler(args.local_num_envs, args.num_steps, obs_space.shape, obs_space.dtype,
+    assembler = RolloutAssembler(args.local_num_envs, args.num_steps, obs_space.shape, obs_space.dtype,
                                      clip_rewards=True, episodic_life=True)
     buffer = assembler._buffer(0)
     return sum(field.nbytes for field in buffer), str(buffer.obs.dtype)
@@ -55,18 +58,18 @@ def rollout_bytes(args: ppo.Args) -> tuple[int, str]:
 def working_memory(flags: list[str]) -> tuple[int, str]:
     """(XLA's temporary bytes of the program taking one (micro)batch's gradient, the dtype of the
     frames it receives), for the real update on one learner device and a rollout of the run's shape."""
-    args = ppo.tyro.cli(ppo.Args, args=[*flags, "--learner-device-ids", "0"])
+    args = tyro.cli(ppo.Args, args=[*flags, "--learner-device-ids", "0"])
     setup = ppo.resolve(args)
     agent, spec = ppo.make_agent(args)
     params = ppo.init_params(agent, spec, jax.random.PRNGKey(0))
-    placement = ppo.Placement([jax.devices()[0]], [jax.devices()[0]])
+    placement = Placement([jax.devices()[0]], [jax.devices()[0]])
     state, _ = ppo.make_train_state(args, setup, params, placement)
     update = ppo.make_update_fn(args, agent, placement.mesh)
     obs_space, replicated = spec.observation_space, placement.replicated
     t, n = args.num_steps + 1, args.local_num_envs * args.num_actor_threads
     shape = lambda extra, dtype: jax.ShapeDtypeStruct((t, n, *extra), dtype, sharding=placement.env_sharded)
-    rollout = ppo.Rollout(shape(obs_space.shape, obs_space.dtype), shape((), np.int32), *[shape((), np.float32)] * 3,
-                          shape((), bool), shape((), bool), shape((), np.int32), shape((), np.float32))
+    rollout = Rollout(shape(obs_space.shape, obs_space.dtype), shape((), np.int32), *[shape((), np.float32)] * 3,
+                      shape((), bool), shape((), bool), shape((), np.int32), shape((), np.float32))
     data = jax.eval_shape(update.programs["prepare"], state.return_moments, rollout)
     perm = jax.eval_shape(update.programs["shuffle"], data, jax.ShapeDtypeStruct((2,), np.uint32, sharding=replicated))
     index = jax.ShapeDtypeStruct((), np.int32, sharding=replicated)
@@ -76,7 +79,7 @@ def working_memory(flags: list[str]) -> tuple[int, str]:
 
 
 def run(quick: bool, reps: int) -> dict:
-    args = ppo.tyro.cli(ppo.Args, args=ENV)
+    args = tyro.cli(ppo.Args, args=ENV)
     per_rollout, rollout_dtype = rollout_bytes(args)
     in_flight = IN_FLIGHT_PER_THREAD * args.num_actor_threads * per_rollout
     whole, learner_dtype = working_memory(ENV)
@@ -85,7 +88,7 @@ def run(quick: bool, reps: int) -> dict:
           f"{in_flight / 2**20:,.0f} MiB; learner frames {learner_dtype}; minibatch working memory "
           f"{whole / 2**30:.1f} GiB whole, {micro / 2**30:.2f} GiB as {ACCUMULATION} microbatches", flush=True)
     flags = QUICK_FLAGS if quick else RUN_FLAGS
-    run_args = ppo.tyro.cli(ppo.Args, args=flags)
+    run_args = tyro.cli(ppo.Args, args=flags)
     batch = ppo.resolve(run_args).batch_size
     run_in_flight = IN_FLIGHT_PER_THREAD * run_args.num_actor_threads * rollout_bytes(run_args)[0]
     peaks = []

@@ -29,6 +29,7 @@ Writes benchmark/results/stages.json (or under --out).
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import queue
 import sys
@@ -41,15 +42,21 @@ import jax
 jax.config.update("jax_num_cpu_devices", 4)
 
 import numpy as np  # noqa: E402
+import tyro  # noqa: E402
 
 from common import TASKS, cli_parser, save, spread  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from sebulba import ppo_envpool as ppo  # noqa: E402
+from sebulba.devices import Placement, host  # noqa: E402
+from sebulba.envs import is_atari, make_envs  # noqa: E402
+from sebulba.networks import RunningMoments, make_policy_fn  # noqa: E402
+from sebulba.rollouts import Rollout, RolloutAssembler  # noqa: E402
+from sebulba.threads import ParamsSlot, Stopped  # noqa: E402
 
 
 def task_args(flags: list[str], learners: list[int] = (0,)) -> tuple[ppo.Args, ppo.Setup]:
-    args = ppo.tyro.cli(ppo.Args, args=[*flags, "--learner-device-ids", *map(str, learners)])
+    args = tyro.cli(ppo.Args, args=[*flags, "--learner-device-ids", *map(str, learners)])
     return args, ppo.resolve(args)
 
 
@@ -66,7 +73,7 @@ def timed(fn, seconds: float, min_calls: int = 1) -> tuple[float, float, int]:
 
 
 def env_stage(args: ppo.Args, setup: ppo.Setup, seconds: float) -> tuple[float, float]:
-    envs = ppo.make_envs(args, args.local_num_envs, setup.async_batch_size, seed=0, num_threads=setup.num_env_threads)
+    envs = make_envs(args.env_id, args.local_num_envs, setup.async_batch_size, seed=0, num_threads=setup.num_env_threads)
     rng, n = np.random.default_rng(0), envs.action_space.n
     envs.async_reset()
 
@@ -90,20 +97,20 @@ def agent_and_params(args: ppo.Args):
 def actor_stage(args: ppo.Args, setup: ppo.Setup, seconds: float) -> float:
     agent, params, obs_space = agent_and_params(args)
     device = jax.devices()[0]
-    slot = ppo.ParamsSlot()
-    slot.publish(0, {device: jax.device_put((params, ppo.RunningMoments.create(())), device)})
-    policy = ppo.make_policy_fn(agent)
-    args = ppo.dataclasses.replace(args, max_policy_lag=10**9, stall_timeout_s=60)
+    slot = ParamsSlot()
+    slot.publish(0, {device: jax.device_put((params, RunningMoments.create(())), device)})
+    policy = make_policy_fn(agent)
+    args = dataclasses.replace(args, max_policy_lag=10**9, stall_timeout_s=60)
 
-    def actor(num_rollouts: int, stop: threading.Event, seed: int) -> ppo.RolloutAssembler:
-        envs = ppo.make_envs(args, args.local_num_envs, setup.async_batch_size, seed=seed,
-                             num_threads=setup.num_env_threads)
-        assembler = ppo.RolloutAssembler(args.local_num_envs, args.num_steps, obs_space.shape, obs_space.dtype,
-                                         ppo.is_atari(args.env_id), False)
+    def actor(num_rollouts: int, stop: threading.Event, seed: int) -> RolloutAssembler:
+        envs = make_envs(args.env_id, args.local_num_envs, setup.async_batch_size, seed=seed,
+                         num_threads=setup.num_env_threads)
+        assembler = RolloutAssembler(args.local_num_envs, args.num_steps, obs_space.shape, obs_space.dtype,
+                                     is_atari(args.env_id), False)
         try:
             ppo.run_actor(envs, policy, device, jax.random.PRNGKey(seed), slot, queue.Queue(), assembler,
                           num_rollouts, args, setup.async_batch_size, stop, "bench")
-        except ppo.Stopped:  # the timer ends the measurement window
+        except Stopped:  # the timer ends the measurement window
             pass
         finally:
             envs.close()
@@ -125,8 +132,8 @@ def policy_caller(args: ppo.Args, setup: ppo.Setup):
     on actor device 0), compiled; returns the env steps it serves."""
     agent, params, obs_space = agent_and_params(args)
     device = jax.devices()[0]
-    params = jax.device_put((params, ppo.RunningMoments.create(())), device)
-    policy = ppo.make_policy_fn(agent)
+    params = jax.device_put((params, RunningMoments.create(())), device)
+    policy = make_policy_fn(agent)
     obs = np.zeros((setup.async_batch_size, *obs_space.shape), obs_space.dtype)
     key = jax.device_put(jax.random.PRNGKey(0), device)
 
@@ -149,17 +156,17 @@ def learning_loop(flags: list[str], learners: list[int]):
     """(one update as the learner thread does it -> env steps, the run's Setup), compiled."""
     args, setup = task_args(flags, learners)
     agent, params, obs_space = agent_and_params(args)
-    placement = ppo.Placement([jax.devices()[0]], [jax.devices()[i] for i in learners])
+    placement = Placement([jax.devices()[0]], [jax.devices()[i] for i in learners])
     state, _ = ppo.make_train_state(args, setup, params, placement)
     update = ppo.make_update_fn(args, agent, placement.mesh)
     t, n = args.num_steps + 1, args.local_num_envs
     rng = np.random.default_rng(0)
-    rollout = ppo.Rollout(obs=rng.integers(0, 255, (t, n, *obs_space.shape)).astype(obs_space.dtype),
-                          actions=rng.integers(0, agent.num_actions, (t, n)).astype(np.int32),
-                          logprobs=np.full((t, n), -1.0, np.float32), values=rng.normal(size=(t, n)).astype(np.float32),
-                          rewards=rng.normal(size=(t, n)).astype(np.float32), terminated=rng.random((t, n)) < 0.02,
-                          truncated=np.zeros((t, n), bool), versions=np.zeros((t, n), np.int32),
-                          discounted_returns=np.zeros((t, n), np.float32))
+    rollout = Rollout(obs=rng.integers(0, 255, (t, n, *obs_space.shape)).astype(obs_space.dtype),
+                      actions=rng.integers(0, agent.num_actions, (t, n)).astype(np.int32),
+                      logprobs=np.full((t, n), -1.0, np.float32), values=rng.normal(size=(t, n)).astype(np.float32),
+                      rewards=rng.normal(size=(t, n)).astype(np.float32), terminated=rng.random((t, n)) < 0.02,
+                      truncated=np.zeros((t, n), bool), versions=np.zeros((t, n), np.int32),
+                      discounted_returns=np.zeros((t, n), np.float32))
     rollouts = [rollout] * setup.num_actor_threads_total
     key = placement.replicate(np.asarray(jax.random.key_data(jax.random.PRNGKey(0))))
 
@@ -168,7 +175,7 @@ def learning_loop(flags: list[str], learners: list[int]):
         batch = placement.to_learners(rollouts)
         key, update_key = jax.random.split(key)
         state, metrics = update(state, batch, update_key)
-        jax.tree.map(ppo.host, metrics)
+        jax.tree.map(host, metrics)
         return setup.batch_size
     step()  # compile
     return step, setup

@@ -29,15 +29,24 @@ import sys
 import warnings
 from pathlib import Path
 
+import jax
 import numpy as np
+import orbax.checkpoint as ocp
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from sebulba.config import Cluster  # noqa: E402
+from sebulba.devices import Placement  # noqa: E402
+from sebulba.envs import is_atari, is_mujoco, make_envs  # noqa: E402
+from sebulba.evaluation import run_episodes  # noqa: E402
+from sebulba.networks import make_policy_fn  # noqa: E402
+
 
 def load(run_dir: Path, checkpoint: int | None):
     """(script module, Args, Agent, env spec, (params, observation statistics) on the first local
-    device, checkpoint update).
+    device, checkpoint update). The training script gives the flags, the network and the
+    learner state's layout; the rest is the shared runtime's.
 
     Raises:
       SystemExit: no config.json, no checkpoint, or a checkpoint number that does not exist.
@@ -52,22 +61,21 @@ def load(run_dir: Path, checkpoint: int | None):
     args = module.Args(**{k: v for k, v in saved.items() if k in {f.name for f in dataclasses.fields(module.Args)}})
     if not (run_dir / "checkpoints").exists():
         raise SystemExit(f"{run_dir}/checkpoints does not exist: the run saved no checkpoint yet")
-    manager = module.ocp.CheckpointManager((run_dir / "checkpoints").absolute(),
-                                           options=module.ocp.CheckpointManagerOptions(create=False))
+    manager = ocp.CheckpointManager((run_dir / "checkpoints").absolute(),
+                                    options=ocp.CheckpointManagerOptions(create=False))
     steps = list(manager.all_steps())
     if not steps or (checkpoint is not None and checkpoint not in steps):
         raise SystemExit(f"{run_dir}/checkpoints has {f'checkpoints {sorted(steps)}' if steps else 'no checkpoint'}"
                          + (f", not {checkpoint}" if checkpoint is not None and steps else ""))
     update = checkpoint if checkpoint is not None else max(steps)
     agent, spec = module.make_agent(args)
-    device = module.jax.local_devices()[0]
+    device = jax.local_devices()[0]
     # A one-device learner "mesh": orbax reshards whatever layout the run was saved from.
-    placement = module.Placement([device], [device])
-    like, _ = module.make_train_state(args, module.resolve(dataclasses.replace(args, distributed=False)),
-                                      module.init_params(agent, spec, module.jax.random.PRNGKey(0)), placement)
-    abstract = module.jax.tree.map(module.ocp.utils.to_shape_dtype_struct, like)
-    state = manager.restore(update, args=module.ocp.args.Composite(
-        state=module.ocp.args.StandardRestore(abstract))).state
+    placement = Placement([device], [device])
+    like, _ = module.make_train_state(args, module.resolve(dataclasses.replace(args, distributed=False), Cluster()),
+                                      module.init_params(agent, spec, jax.random.PRNGKey(0)), placement)
+    abstract = jax.tree.map(ocp.utils.to_shape_dtype_struct, like)
+    state = manager.restore(update, args=ocp.args.Composite(state=ocp.args.StandardRestore(abstract))).state
     manager.close()
     return module, args, agent, spec, (state.params, state.obs_moments), update
 
@@ -78,14 +86,12 @@ def evaluate(module, args, agent, spec, params, episodes: int, seed: int, greedy
     statistics); raw returns and lengths in env-id order. With `video`, the episodes of the
     first `video_episodes` envs are rendered (EnvPool rgb_array frames: the first observation,
     then one frame per env step) and written one after the other to that mp4 file."""
-    args = dataclasses.replace(args, episodic_life=False)  # an episode is a whole game
+    # make_envs leaves episodic_life off: an episode is a whole game, whatever training used
     threads = min(episodes, os.cpu_count() or 1)
-    if video is not None and module.is_mujoco(args.env_id) and os.environ.get("MUJOCO_GL") not in ("egl", "osmesa"):
+    if video is not None and is_mujoco(args.env_id) and os.environ.get("MUJOCO_GL") not in ("egl", "osmesa"):
         raise SystemExit("--video on a MuJoCo task needs an OpenGL platform: set MUJOCO_GL=egl (GPU) or "
                          "MUJOCO_GL=osmesa (CPU, with libOSMesa installed)")
-    envs = module.envpool.make(args.env_id, env_type="gymnasium", num_envs=episodes, batch_size=episodes, seed=seed,
-                               num_threads=threads, **({"render_mode": "rgb_array"} if video else {}),
-                               **module.env_settings(args))
+    envs = make_envs(args.env_id, episodes, episodes, seed, threads, **({"render_mode": "rgb_array"} if video else {}))
     recorded = list(range(min(video_episodes, episodes))) if video is not None else []
     frames: list[list[np.ndarray]] = [[] for _ in recorded]
 
@@ -94,15 +100,14 @@ def evaluate(module, args, agent, spec, params, episodes: int, seed: int, greedy
             if running[i]:
                 frames[i].append(frame)
 
-    policy = module.make_policy_fn(agent, spec.action_space, greedy=greedy)
-    returns, lengths, _ = module.run_episodes(envs, policy, params, module.jax.random.PRNGKey(seed),
-                                              record=record if recorded else None)
+    policy = make_policy_fn(agent, spec.action_space, greedy=greedy)
+    returns, lengths, _ = run_episodes(envs, policy, params, jax.random.PRNGKey(seed), record=record if recorded else None)
     envs.close()
     result = {"episodes": episodes, "return_mean": float(returns.mean()), "return_std": float(returns.std()),
               "length_mean": float(lengths.mean()), "length_std": float(lengths.std()),
               "returns": returns.tolist(), "lengths": lengths.tolist()}
     if video is not None:
-        write_video(video, [f for episode in frames for f in episode], fps=15 if module.is_atari(args.env_id) else 50)
+        write_video(video, [f for episode in frames for f in episode], fps=15 if is_atari(args.env_id) else 50)
         result |= {"video": str(video), "video_frames": sum(map(len, frames))}
     return result
 

@@ -19,92 +19,50 @@ Usage (on a CPU-only machine missing devices become virtual CPU devices):
     python sebulba/ppo_envpool.py --actor-device-ids 0 --learner-device-ids 1 2 3
     python sebulba/ppo_envpool.py --env-id CartPole-v1 --total-timesteps 100000 ...  # preset: README
 
+This file holds what changes with the algorithm, top to bottom: the hyperparameters, the
+network, GAE and the PPO loss, the actor loop, the learner update and loop, and `main`, which
+wires the actor threads, the rollout queues, the learner mesh and the params going back. What
+every algorithm shares is imported from sebulba/ (flags, devices, envs, rollouts, networks,
+threads, checkpoints, metrics, evaluation, learner, runtime; see docs/architecture.md).
 See docs/ppo_envpool.md for the flags, the logged metrics and the presets.
 """
 
 from __future__ import annotations
 
-import collections
-import contextlib
 import dataclasses
-import difflib
-import hashlib
-import itertools
-import json
-import os
 import queue
-import signal
 import sys
 import threading
 import time
-import traceback
-import uuid
-import warnings
 from dataclasses import dataclass
-from pathlib import Path
-from typing import Any, NamedTuple
+from typing import NamedTuple
 
 import chex
-import envpool
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
 import numpy as np
 import optax
-import orbax.checkpoint as ocp
-import tyro
-import wandb
-from flax.training.train_state import TrainState
-from jax.experimental.multihost_utils import process_allgather, sync_global_devices
 from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
-from tensorboardX import SummaryWriter
+
+from sebulba import config
+from sebulba.config import Cluster, ConfigError, RunFlags, check_ranges, detect_cluster, normalization, resolve_run
+from sebulba.devices import Placement, host
+from sebulba.envs import is_atari, make_spec, recv_batch
+from sebulba.learner import Bookkeeping, LearnerState, make_normalizer_update
+from sebulba.networks import ImpalaEncoder, MLPEncoder, RunningMoments, entropy, log_prob, make_policy_fn
+from sebulba.rollouts import Rollout, RolloutAssembler
+from sebulba.runtime import Run, run_cli
+from sebulba.threads import ParamsSlot, Stopped, Supervisor, Timer, timed_get, timed_put
 
 
 @dataclass
-class Args:
+class Args(RunFlags):
     """Sebulba PPO. Defaults: Atari (Breakout-v5) with Cleanba's PPO hyperparameters."""
 
     exp_name: str = "ppo_envpool"
     """experiment name, part of the default run name"""
-    seed: int = 1
-    """root seed for parameters, actions and environments"""
-    track: bool = False
-    """mirror metrics and config to Weights & Biases (set WANDB_MODE=offline to log locally)"""
-    wandb_project_name: str = "sebulba"
-    """W&B project"""
-    wandb_entity: str | None = None
-    """W&B entity (team or user); None uses your default entity"""
-    log_frequency: int = 10
-    """write metrics and one console line every this many learner updates"""
-    run_name: str | None = None
-    """run directory name under runs/; default {env_id}__{exp_name}__{seed}__{unix time}"""
-
-    env_id: str = "Breakout-v5"
-    """EnvPool task id: Atari `*-v5` (IMPALA ResNet), or a vector-observation task with discrete or Box actions (MLP)"""
-    total_timesteps: int = 50_000_000
-    """env steps to train for, summed over every env (Atari: frames = 4 x env steps)"""
-    local_num_envs: int = 64
-    """envs in each actor thread's EnvPool pool"""
-    async_batch_size: int | None = None
-    """envs returned by each `recv`; smaller than --local-num-envs so stepping and inference overlap; None = half the pool"""
-    num_env_threads: int = 0
-    """EnvPool worker threads per pool; 0 = this machine's cores divided over the actor threads"""
-    episodic_life: bool = False
-    """Atari: end a training episode at every life loss (the raw game return is still logged per game)"""
-    norm_obs: bool | None = None
-    """True: normalise observations by their running mean and std (clipped to +-10); None: True for MuJoCo tasks,
-    False otherwise; vector observations only"""
-    norm_reward: bool | None = None
-    """True: scale training rewards by the running std of the discounted return (clipped to +-10); None: True for
-    MuJoCo tasks, False otherwise; vector observations only"""
-    eval_interval: int = 0
-    """evaluate the newest params every this many updates in a separate thread on its own pool (eval/*); 0 = never"""
-    eval_episodes: int = 10
-    """episodes per evaluation (one per env of the eval pool), also of the final one in summary.json; 0 = none"""
-    eval_greedy: bool = False
-    """evaluate with the policy's mode (argmax; the Gaussian mean) instead of sampled actions (on Atari a greedy
-    policy can stall a game until the 27k-step limit)"""
 
     learning_rate: float = 2.5e-4
     """Adam learning rate"""
@@ -138,136 +96,12 @@ class Args:
     hiddens: tuple[int, ...] = (256,)
     """dense layer widths after the ResNet (Atari), or of the MLP (vector observations)"""
 
-    actor_device_ids: list[int] = dataclasses.field(default_factory=lambda: [0])
-    """local device ids that run actor threads and policy inference"""
-    learner_device_ids: list[int] = dataclasses.field(default_factory=lambda: [0])
-    """local device ids of the learner mesh; the batch's env axis is split over them"""
-    num_actor_threads: int = 2
-    """actor threads per actor device, each with its own EnvPool pool"""
-    max_policy_lag: int = 1
-    """bound on policy lag (learner version - version that chose the action); 0 = synchronous: lockstep envs and
-    actors that wait for every update (CleanRL-style alternation, the baseline of benchmark/e2e.py)"""
-    stall_timeout_s: float = 600.0
-    """seconds without a rollout or a parameter update before the run fails as stalled"""
-    checkpoint_interval: int = 100
-    """save a checkpoint every this many updates (also at the end and on SIGINT/SIGTERM/SIGUSR1); 0 = only then"""
-    distributed: bool = False
-    """join a multi-process run (jax.distributed); an srun step is detected, elsewhere also give --coordinator-address,
-    --num-processes and --process-id or JAX_COORDINATOR_ADDRESS, JAX_NUM_PROCESSES, JAX_PROCESS_ID"""
-    coordinator_address: str | None = None
-    """--distributed outside SLURM: host:port where process 0 runs the coordinator"""
-    num_processes: int | None = None
-    """--distributed outside SLURM: processes in the run"""
-    process_id: int | None = None
-    """--distributed outside SLURM: this process's index, 0 .. num_processes - 1"""
-    deterministic: bool = False
-    """bit-identical reruns and resumes: lockstep envs, exact policy versions, env restarts at checkpoints"""
-
-
-# ---------------------------------------------------------------------------
-# Configuration: derived quantities and checks, before any thread or device work.
-
-
-class ConfigError(ValueError):
-    """A configuration that cannot work; the message says what to change."""
-
-
-def _nearest_multiples(value: int, divisor: int) -> str:
-    lower = (value // divisor) * divisor
-    options = [v for v in (lower, lower + divisor) if v > 0]
-    return " or ".join(str(v) for v in options)
-
-
-def is_atari(env_id: str) -> bool:
-    return type(envpool.make_spec(env_id)).__name__ == "AtariEnvSpec"
-
-
-def is_mujoco(env_id: str) -> bool:
-    return envpool.registration.registry.specs[env_id][0].startswith("envpool.mujoco")  # (module, spec class, kw)
-
-
-def normalization(args: Args) -> tuple[bool, bool]:
-    """(--norm-obs, --norm-reward) with None resolved: on for MuJoCo tasks, off otherwise."""
-    default = is_mujoco(args.env_id)
-    return (default if args.norm_obs is None else args.norm_obs,
-            default if args.norm_reward is None else args.norm_reward)
-
-
-HEARTBEAT_TIMEOUT_S = 20  # a process silent this long is dead: jax.distributed ends the others
-
-# What JAX's own SLURM detection reads (jax._src.clusters.SlurmCluster); all are set inside an `srun` step.
-SLURM_STEP_VARS = ("SLURM_JOB_ID", "SLURM_STEP_NODELIST", "SLURM_NTASKS", "SLURM_PROCID", "SLURM_LOCALID")
-
 
 @dataclass(frozen=True)
-class Cluster:
-    """The processes of this run: (1, 0) unless --distributed."""
+class Setup(config.Setup):
+    """Quantities derived once from Args (sebulba/config.py), and PPO's minibatch size."""
 
-    num_processes: int = 1
-    process_id: int = 0
-    coordinator_address: str | None = None  # None under SLURM: JAX finds it
-    slurm_job_id: str | None = None
-
-
-def detect_cluster(args: Args) -> Cluster:
-    """Processes of a --distributed run, from the flags, JAX_* variables or a SLURM step.
-
-    A shell on an allocated SLURM node (SLURM_JOB_ID set, no step variables; case K10) runs
-    as a single process and says so.
-
-    Raises:
-      ConfigError: --distributed with neither SLURM nor a complete coordinator setting.
-    """
-    if not args.distributed:
-        given = [f for f, v in (("--coordinator-address", args.coordinator_address), ("--num-processes",
-                                 args.num_processes), ("--process-id", args.process_id)) if v is not None]
-        if given:
-            raise ConfigError(f"{', '.join(given)} only apply with --distributed; add it to join a multi-process run")
-        return Cluster()
-    env = os.environ
-    address = args.coordinator_address or env.get("JAX_COORDINATOR_ADDRESS")
-    count = args.num_processes if args.num_processes is not None else env.get("JAX_NUM_PROCESSES")
-    index = args.process_id if args.process_id is not None else env.get("JAX_PROCESS_ID")
-    if (address, count, index) != (None, None, None):
-        missing = [f for f, v in (("--coordinator-address", address), ("--num-processes", count),
-                                  ("--process-id", index)) if v is None]
-        if missing:
-            raise ConfigError(f"--distributed outside SLURM also needs {' and '.join(missing)} "
-                              "(or JAX_COORDINATOR_ADDRESS, JAX_NUM_PROCESSES, JAX_PROCESS_ID)")
-        count, index = int(count), int(index)
-        if not 0 <= index < count:
-            raise ConfigError(f"--process-id={index} must be in 0..{count - 1} for --num-processes={count}")
-        return Cluster(count, index, address, env.get("SLURM_JOB_ID"))
-    if all(v in env for v in SLURM_STEP_VARS):
-        return Cluster(int(env["SLURM_NTASKS"]), int(env["SLURM_PROCID"]), None, env["SLURM_JOB_ID"])
-    if "SLURM_JOB_ID" in env:
-        missing = ", ".join(v for v in SLURM_STEP_VARS if v not in env)
-        tasks = f"; launch with srun to run all {env['SLURM_NTASKS']} tasks" if int(env.get("SLURM_NTASKS", 1)) > 1 else ""
-        print(f"--distributed: SLURM_JOB_ID is set but {missing} not (a shell on an allocated node, not an srun "
-              f"step): running as a single process{tasks}")
-        return Cluster(slurm_job_id=env["SLURM_JOB_ID"])
-    raise ConfigError("--distributed needs a SLURM step (launch with srun) or --coordinator-address, --num-processes "
-                      "and --process-id (scripts/launch_local.py sets them on one machine)")
-
-
-@dataclass(frozen=True)
-class Setup:
-    """Quantities derived once from Args (never CLI flags). Counts are global (every process)
-    unless the name says local."""
-
-    run_name: str
-    async_batch_size: int
-    num_env_threads: int
-    num_actor_threads_total: int  # local: over every actor device of this process
-    num_envs_total: int  # envs feeding one update, every process
-    batch_size: int  # env steps per update, every process
-    num_updates: int
-    minibatch_size: int  # per learner device
-    envs_per_learner: int
-    num_processes: int = 1
-    process_id: int = 0
-    norm_obs: bool = False  # --norm-obs / --norm-reward resolved (None: on for MuJoCo)
-    norm_reward: bool = False
+    minibatch_size: int = 0  # per learner device
 
 
 def resolve(args: Args, cluster: Cluster = Cluster()) -> Setup:
@@ -276,218 +110,22 @@ def resolve(args: Args, cluster: Cluster = Cluster()) -> Setup:
     Raises:
       ConfigError: one line naming the flag and valid values.
     """
-    for name in ("local_num_envs", "num_steps", "num_minibatches", "gradient_accumulation_steps",
-                 "update_epochs", "num_actor_threads", "total_timesteps", "log_frequency"):
-        if getattr(args, name) <= 0:
-            raise ConfigError(f"--{name.replace('_', '-')}={getattr(args, name)} must be positive")
-    for name in ("learning_rate", "stall_timeout_s", "max_grad_norm"):
-        if not getattr(args, name) > 0:
-            raise ConfigError(f"--{name.replace('_', '-')}={getattr(args, name)} must be positive")
-    for name in ("gamma", "gae_lambda"):
-        if not 0 < getattr(args, name) <= 1:
-            raise ConfigError(f"--{name.replace('_', '-')}={getattr(args, name)} must be in (0, 1]")
-    for name in ("max_policy_lag", "checkpoint_interval", "ent_coef", "vf_coef", "eval_interval", "eval_episodes"):
-        if getattr(args, name) < 0:
-            raise ConfigError(f"--{name.replace('_', '-')}={getattr(args, name)} must be >= 0")
-    if not args.actor_device_ids or not args.learner_device_ids:
-        raise ConfigError("--actor-device-ids and --learner-device-ids each need at least one id")
-    for flag, ids in (("actor", args.actor_device_ids), ("learner", args.learner_device_ids)):
-        if len(set(ids)) != len(ids) or min(ids) < 0:
-            raise ConfigError(f"--{flag}-device-ids {ids}: ids must be distinct and >= 0")
-    if args.env_id not in envpool.list_all_envs():
-        close = difflib.get_close_matches(args.env_id, envpool.list_all_envs(), n=3)
-        hint = f"; did you mean {', '.join(close)}?" if close else "; see envpool.list_all_envs()"
-        raise ConfigError(f"--env-id {args.env_id} is not an EnvPool task{hint}")
-    if args.eval_interval and not args.eval_episodes:
-        raise ConfigError(f"--eval-interval={args.eval_interval} needs --eval-episodes > 0")
-    if is_atari(args.env_id) and any(normalization(args)):
-        raise ConfigError("--norm-obs and --norm-reward are for vector observations; Atari frames are scaled by 1/255 "
-                          "and rewards clipped to [-1, 1]")
-    n = args.local_num_envs
-    lockstep = args.deterministic or args.max_policy_lag == 0  # every env in every recv
-    if lockstep and args.async_batch_size not in (None, n):
-        mode = "--deterministic" if args.deterministic else "--max-policy-lag 0 (synchronous)"
-        raise ConfigError(f"{mode} steps every env in lockstep: drop --async-batch-size or set it to "
-                          f"--local-num-envs={n}")
-    async_batch = args.async_batch_size if args.async_batch_size is not None else n if lockstep else max(1, n // 2)
-    if not 0 < async_batch <= n or n % async_batch:
-        raise ConfigError(f"--async-batch-size={async_batch} must divide --local-num-envs={n}; "
-                          f"use one of {[d for d in range(1, n + 1) if n % d == 0]}")
-    num_learners = len(args.learner_device_ids)  # per process; each process feeds its own learner devices
-    if n % num_learners:
-        raise ConfigError(f"--local-num-envs={n} is not divisible by {num_learners} learner devices; "
-                          f"use {_nearest_multiples(n, num_learners)}")
-    num_threads = len(args.actor_device_ids) * args.num_actor_threads
-    num_envs_total = cluster.num_processes * num_threads * n
-    envs_per_learner = num_envs_total // (cluster.num_processes * num_learners)
-    per_learner = args.num_steps * envs_per_learner
+    check_ranges(args, positive=("num_steps", "num_minibatches", "gradient_accumulation_steps", "update_epochs"),
+                 above_zero=("learning_rate", "max_grad_norm"), unit_interval=("gamma", "gae_lambda"),
+                 non_negative=("ent_coef", "vf_coef"))
+    setup = resolve_run(args, args.num_steps, cluster)
+    per_learner = args.num_steps * setup.envs_per_learner
     chunks = args.num_minibatches * args.gradient_accumulation_steps
     if per_learner % chunks:
         raise ConfigError(f"{per_learner} transitions per learner device (num_steps x envs per learner) do not split "
                           f"into --num-minibatches={args.num_minibatches} x --gradient-accumulation-steps="
                           f"{args.gradient_accumulation_steps}; choose sizes whose product divides {per_learner}")
-    batch_size = args.num_steps * num_envs_total
-    if args.total_timesteps < batch_size:
-        raise ConfigError(f"--total-timesteps={args.total_timesteps} is smaller than one batch ({batch_size} env steps "
-                          f"= num_steps x envs); use at least {batch_size}")
-    if args.run_name is None and cluster.num_processes > 1 and cluster.slurm_job_id is None:
-        raise ConfigError("--distributed: give every process the same --run-name (the default contains the start time)")
-    # Under SLURM the default name is stable across requeues of the job, which then resume.
-    stamp = f"slurm{cluster.slurm_job_id}" if cluster.slurm_job_id else str(int(time.time()))
-    cores = os.cpu_count() or 1
-    return Setup(
-        run_name=args.run_name or f"{args.env_id.replace('/', '_')}__{args.exp_name}__{args.seed}__{stamp}",
-        async_batch_size=async_batch,
-        num_env_threads=args.num_env_threads or max(1, cores // num_threads),
-        num_actor_threads_total=num_threads,
-        num_envs_total=num_envs_total,
-        batch_size=batch_size,
-        num_updates=args.total_timesteps // batch_size,
-        minibatch_size=per_learner // args.num_minibatches,
-        envs_per_learner=envs_per_learner,
-        num_processes=cluster.num_processes,
-        process_id=cluster.process_id,
-        norm_obs=normalization(args)[0],
-        norm_reward=normalization(args)[1],
-    )
-
-
-def setup_devices(args: Args, cluster: Cluster = Cluster()) -> tuple[list[jax.Device], list[jax.Device]]:
-    """Start the JAX backend; return (this process's actor devices, the learner devices of
-    every process, process-major: the learner mesh).
-
-    Device ids are local to each process. On the CPU backend `jax_num_cpu_devices` is raised
-    to cover the largest requested id, unless the user's XLA_FLAGS already set a device count
-    (never overwritten). A multi-process cluster joins `jax.distributed` first (CPU
-    collectives through gloo); a process that dies is noticed by the others' heartbeat
-    within HEARTBEAT_TIMEOUT_S and ends them.
-
-    Raises:
-      ConfigError: a requested id does not exist on this process.
-    """
-    ids = sorted(set(args.actor_device_ids + args.learner_device_ids))
-    needed = ids[-1] + 1
-    created = False
-    if "xla_force_host_platform_device_count" not in os.environ.get("XLA_FLAGS", ""):
-        with contextlib.suppress(RuntimeError):  # the backend is already up (e.g. in tests): use what exists
-            if needed > jax.config.jax_num_cpu_devices:
-                jax.config.update("jax_num_cpu_devices", needed)
-                created = True
-    if cluster.num_processes > 1:
-        jax.config.update("jax_cpu_collectives_implementation", "gloo")
-        explicit = cluster.coordinator_address is not None  # else JAX reads the SLURM step itself
-        # local_device_ids: this process owns every GPU it names (JAX would give one per SLURM task).
-        jax.distributed.initialize(cluster.coordinator_address, cluster.num_processes if explicit else None,
-                                   cluster.process_id if explicit else None, local_device_ids=ids,
-                                   heartbeat_timeout_seconds=HEARTBEAT_TIMEOUT_S)
-    devices = jax.local_devices()
-    if needed > len(devices):
-        raise ConfigError(f"device id {needed - 1} requested but this process has {len(devices)} "
-                          f"{devices[0].platform} devices; use ids 0..{len(devices) - 1}")
-    if created and devices[0].platform == "cpu" and needed > 1:
-        print(f"no accelerator: running on {len(devices)} virtual CPU devices (jax_num_cpu_devices={needed})")
-    per_process = [jax.local_devices(process_index=p) for p in range(jax.process_count())]
-    learners = [local[i] for local in per_process for i in args.learner_device_ids]
-    return [devices[i] for i in args.actor_device_ids], learners
+    return Setup(**dataclasses.asdict(setup), minibatch_size=per_learner // args.num_minibatches)
 
 
 # ---------------------------------------------------------------------------
-# Environments.
-
-
-def env_settings(args: Args) -> dict[str, Any]:
-    """EnvPool settings of the training protocol, for `make_envs` and for the spec that sizes
-    the network (Atari's full action space has 18 actions, the default spec fewer).
-
-    Atari follows the Machado et al. (2018) evaluation protocol: sticky actions (p=0.25),
-    full action space, no life-loss signal unless --episodic-life, 108k-frame (27k-step)
-    limit, no no-op starts beyond EnvPool's minimum. Rewards come back raw; clipping for
-    training happens in `RolloutAssembler` so the raw game score stays available.
-    """
-    if not is_atari(args.env_id):
-        return {}
-    return dict(episodic_life=args.episodic_life, reward_clip=False, repeat_action_probability=0.25,
-                full_action_space=True, max_episode_steps=27_000, noop_max=1)
-
-
-def make_envs(args: Args, num_envs: int, batch_size: int, seed: int, num_threads: int):
-    """EnvPool pool with the training protocol's settings, in async mode when batch_size < num_envs."""
-    return envpool.make(args.env_id, env_type="gymnasium", num_envs=num_envs, batch_size=batch_size,
-                        seed=seed, num_threads=num_threads, **env_settings(args))
-
-
-# ---------------------------------------------------------------------------
-# Networks.
-
-
-class ResidualBlock(nn.Module):
-    channels: int
-
-    @nn.compact
-    def __call__(self, x):
-        y = nn.Conv(self.channels, (3, 3))(nn.relu(x))
-        y = nn.Conv(self.channels, (3, 3))(nn.relu(y))
-        return x + y
-
-
-class ImpalaEncoder(nn.Module):
-    """IMPALA ResNet (Espeholt et al. 2018, Fig. 3): conv, max-pool, two residual blocks per stack."""
-
-    channels: tuple[int, ...]
-    hiddens: tuple[int, ...]
-
-    @nn.compact
-    def __call__(self, obs):  # obs: [B, C, H, W] uint8 frames
-        x = jnp.transpose(obs, (0, 2, 3, 1)).astype(jnp.float32) / 255.0
-        for c in self.channels:
-            x = nn.Conv(c, (3, 3))(x)
-            x = nn.max_pool(x, (3, 3), strides=(2, 2), padding="SAME")
-            x = ResidualBlock(c)(x)
-            x = ResidualBlock(c)(x)
-        x = nn.relu(x).reshape((x.shape[0], -1))
-        for h in self.hiddens:
-            x = nn.relu(nn.Dense(h)(x))
-        return x
-
-
-class MLPEncoder(nn.Module):
-    hiddens: tuple[int, ...]
-
-    @nn.compact
-    def __call__(self, obs):  # obs: [B, D] float
-        x = obs.reshape((obs.shape[0], -1)).astype(jnp.float32)
-        for h in self.hiddens:
-            x = nn.tanh(nn.Dense(h, kernel_init=nn.initializers.orthogonal(np.sqrt(2)))(x))
-        return x
-
-
-class RunningMoments(NamedTuple):
-    """Running mean and variance of a stream of samples, each of the shape of `mean`."""
-
-    mean: jax.Array  # float32
-    var: jax.Array  # float32, population variance
-    count: jax.Array  # float32 scalar, samples seen (starts at 1e-4, as gym's RunningMeanStd)
-
-    @staticmethod
-    def create(shape) -> RunningMoments:
-        return RunningMoments(jnp.zeros(shape, jnp.float32), jnp.ones(shape, jnp.float32), jnp.float32(1e-4))
-
-    def normalize(self, x):
-        """(x - mean) / std, clipped to [-10, 10] (as CleanRL's MuJoCo PPO)."""
-        return jnp.clip((x - self.mean) / jnp.sqrt(self.var + 1e-8), -10.0, 10.0)
-
-    def update(self, x, axis_name: str) -> RunningMoments:
-        """Add the samples x [T, n, *shape] of every device on mesh axis `axis_name` (equal n
-        on each): the batch's moments in two passes over the mesh, merged with the running ones
-        by Chan et al. (1979)'s parallel rule. Inside shard_map; the result is invariant."""
-        x = x.reshape((-1,) + self.mean.shape).astype(jnp.float32)
-        count = x.shape[0] * jax.lax.psum(1, axis_name)
-        mean = jax.lax.pmean(jnp.mean(x, axis=0), axis_name)
-        var = jax.lax.pmean(jnp.mean(jnp.square(x - mean), axis=0), axis_name)
-        total = self.count + count
-        delta = mean - self.mean
-        m2 = self.var * self.count + var * count + jnp.square(delta) * self.count * count / total
-        return RunningMoments(self.mean + delta * count / total, m2 / total, total)
+# Networks: the encoders, the observation statistics and the action distributions are in
+# sebulba/networks.py; the agent's heads are here.
 
 
 class Agent(nn.Module):
@@ -523,46 +161,17 @@ class Agent(nn.Module):
 
 def make_agent(args: Args):
     """(Agent for --env-id's observation and action spaces, the env spec with the training protocol's settings)."""
-    spec = envpool.make_spec(args.env_id, **env_settings(args))
+    spec = make_spec(args.env_id, args.episodic_life)
     continuous = type(spec.action_space).__name__ == "Box"
     num_actions = spec.action_space.shape[0] if continuous else spec.action_space.n
     agent = Agent(num_actions, tuple(args.channels), tuple(args.hiddens), is_atari(args.env_id), continuous,
-                  normalization(args)[0])
+                  normalization(args.env_id, args.norm_obs, args.norm_reward)[0])
     return agent, spec
 
 
 def init_params(agent: Agent, spec, key):
     obs_space = spec.observation_space
     return agent.init(key, np.zeros((1, *obs_space.shape), obs_space.dtype), RunningMoments.create(obs_space.shape))
-
-
-# Action distributions: `policy` is logits [B, A] (categorical) or (mean, log_std) [B, A] each (diagonal Gaussian).
-
-
-def log_prob(policy, actions):
-    """log pi(a|s) [B] of actions [B] int32 (categorical) or [B, A] float32 (Gaussian, unclipped
-    sample: the env receives it clipped to the action space, the loss sees it as sampled)."""
-    if isinstance(policy, tuple):
-        mean, log_std = policy
-        z = (actions - mean) / jnp.exp(log_std)
-        return jnp.sum(-0.5 * jnp.square(z) - log_std - 0.5 * jnp.log(2 * jnp.pi), axis=-1)
-    return jnp.take_along_axis(jax.nn.log_softmax(policy), actions[..., None], axis=-1)[..., 0]
-
-
-def entropy(policy):
-    """Entropy [B] in nats."""
-    if isinstance(policy, tuple):
-        return jnp.sum(policy[1] + 0.5 * jnp.log(2 * jnp.pi * jnp.e), axis=-1)
-    logp = jax.nn.log_softmax(policy)
-    return -jnp.sum(jnp.exp(logp) * logp, axis=-1)
-
-
-def sample_action(policy, key, greedy: bool = False):
-    """An action per row: sampled, or with `greedy` the mode (argmax; the Gaussian mean)."""
-    if isinstance(policy, tuple):
-        mean, log_std = policy
-        return mean if greedy else mean + jnp.exp(log_std) * jax.random.normal(key, mean.shape)
-    return (jnp.argmax(policy, axis=-1) if greedy else jax.random.categorical(key, policy)).astype(jnp.int32)
 
 
 # ---------------------------------------------------------------------------
@@ -643,433 +252,6 @@ def ppo_loss(params, apply_fn, mb: Minibatch, clip_coef: float, ent_coef: float,
     return loss, metrics
 
 
-# ---------------------------------------------------------------------------
-# Rollout assembly: EnvPool returns env ids in any order; each env has its own time axis.
-
-
-class Rollout(NamedTuple):
-    """num_steps + 1 rows per env. Row t holds what `recv` returned for obs_t and the action
-    taken on it; row num_steps is also row 0 of the env's next rollout.
-
-    obs [T+1, N, *obs]; actions [T+1, N] int32 or [T+1, N, A] float32 (Box: as sampled, before
-    clipping to the bounds); logprobs, values [T+1, N] float32 (behaviour policy); rewards
-    [T+1, N] float32 (training reward received *with* obs_t, i.e. of transition t-1);
-    terminated, truncated [T+1, N] bool (obs_t ended its episode); versions [T+1, N] int32
-    (params version that chose actions[t]); discounted_returns [T+1, N] float32 (discounted
-    sum of the episode's training rewards up to obs_t: --norm-reward's statistic).
-    """
-
-    obs: np.ndarray
-    actions: np.ndarray
-    logprobs: np.ndarray
-    values: np.ndarray
-    rewards: np.ndarray
-    terminated: np.ndarray
-    truncated: np.ndarray
-    versions: np.ndarray
-    discounted_returns: np.ndarray
-
-
-class RolloutAssembler:
-    """Writes each `recv` batch into per-env trajectories and emits complete rollouts.
-
-    Tracks the raw (unclipped) return and length of every real game: a game ends on
-    truncation, or on termination with no lives left (with --episodic-life a life loss
-    terminates the training episode but not the game). Envs that EnvPool runs ahead write
-    into the next rollout's buffer, never into another env's time axis.
-    """
-
-    max_pending = 8  # rollouts one env may run ahead of the slowest before we call it starvation
-
-    def __init__(self, num_envs: int, num_steps: int, obs_shape, obs_dtype, clip_rewards: bool, episodic_life: bool,
-                 first_rollout: int = 0, action_shape=(), action_dtype=np.int32, gamma: float = 0.99):
-        self.num_envs, self.num_steps = num_envs, num_steps
-        self.obs_shape, self.obs_dtype = tuple(obs_shape), obs_dtype
-        self.action_shape, self.action_dtype = tuple(action_shape), action_dtype
-        self.clip_rewards, self.episodic_life, self.gamma = clip_rewards, episodic_life, gamma
-        self.discounted_return = np.zeros(num_envs, np.float32)
-        self.generation = np.full(num_envs, first_rollout, np.int64)  # rollout index each env is writing
-        self.row = np.zeros(num_envs, np.int64)  # next row in that rollout
-        self.buffers: dict[int, Rollout] = {}
-        self.rows_done: dict[int, int] = collections.Counter()  # envs that wrote their last row
-        self.emitted = first_rollout  # index of the next rollout to complete (= rollouts emitted, on resume too)
-        self.game_return = np.zeros(num_envs, np.float64)
-        self.game_length = np.zeros(num_envs, np.int64)
-        self.prev_done = np.ones(num_envs, bool)  # the first obs after reset carries no reward
-        self.episode_returns: list[float] = []
-        self.episode_lengths: list[int] = []
-
-    def _buffer(self, generation: int) -> Rollout:
-        if generation not in self.buffers:
-            if len(self.buffers) >= self.max_pending:
-                raise RuntimeError(f"EnvPool ran some envs {self.max_pending} rollouts ahead of others; "
-                                   "env stepping is starved - use fewer envs per thread or a larger --async-batch-size")
-            shape = (self.num_steps + 1, self.num_envs)
-            self.buffers[generation] = Rollout(
-                np.zeros(shape + self.obs_shape, self.obs_dtype), np.zeros(shape + self.action_shape, self.action_dtype),
-                np.zeros(shape, np.float32), np.zeros(shape, np.float32), np.zeros(shape, np.float32),
-                np.zeros(shape, bool), np.zeros(shape, bool), np.zeros(shape, np.int32), np.zeros(shape, np.float32))
-        return self.buffers[generation]
-
-    def action_generation(self, env_id):
-        """Rollout index of the transition each env's next action starts ([B] int64): the last
-        row of rollout g is row 0 of rollout g + 1, and its action belongs to g + 1."""
-        return self.generation[env_id] + (self.row[env_id] == self.num_steps)
-
-    def add(self, env_id, obs, reward, terminated, truncated, lives, actions, logprobs, values, version: int):
-        """Record one batch (all [B] arrays, `reward` raw). Returns the rollouts completed by it,
-        each as (Rollout, episode returns, episode lengths) for games that ended since the last one."""
-        done = terminated | truncated
-        counts = ~self.prev_done[env_id]
-        self.game_return[env_id] += np.where(counts, reward, 0.0)
-        self.game_length[env_id] += counts
-        game_over = truncated | (terminated & ((lives == 0) if self.episodic_life and lives is not None else True))
-        for e in env_id[game_over]:
-            self.episode_returns.append(float(self.game_return[e]))
-            self.episode_lengths.append(int(self.game_length[e]))
-        self.game_return[env_id[game_over]] = 0.0
-        self.game_length[env_id[game_over]] = 0
-        train_reward = np.clip(reward, -1.0, 1.0) if self.clip_rewards else reward
-        continues = ~self.prev_done[env_id]  # an episode's first obs starts a new discounted return
-        self.discounted_return[env_id] = self.gamma * continues * self.discounted_return[env_id] + train_reward
-        self.prev_done[env_id] = done
-        fields = (obs, actions, logprobs, values, train_reward, terminated, truncated, version,
-                  self.discounted_return[env_id])
-
-        generations, rows = self.generation[env_id], self.row[env_id]
-        for g in np.unique(generations):
-            sel = generations == g
-            self._write(self._buffer(int(g)), rows[sel], env_id[sel], fields, sel)
-            last = sel & (rows == self.num_steps)
-            if last.any():  # the last row of rollout g is row 0 of rollout g + 1
-                self._write(self._buffer(int(g) + 1), np.zeros(int(last.sum()), np.int64), env_id[last], fields, last)
-                self.rows_done[int(g)] += int(last.sum())
-        self.row[env_id] += 1
-        wrapped = env_id[self.row[env_id] > self.num_steps]
-        self.generation[wrapped] += 1
-        self.row[wrapped] = 1
-
-        completed = []
-        while self.rows_done.get(self.emitted, 0) == self.num_envs:
-            del self.rows_done[self.emitted]
-            completed.append((self.buffers.pop(self.emitted), self.episode_returns, self.episode_lengths))
-            self.episode_returns, self.episode_lengths = [], []
-            self.emitted += 1
-        return completed
-
-    @staticmethod
-    def _write(buffer: Rollout, rows, env_ids, fields, sel):
-        for array, value in zip(buffer, fields):
-            array[rows, env_ids] = value[sel] if np.ndim(value) else value
-
-
-def check_env_ids(env_id, batch_size: int):
-    """Validate one `recv` batch's env ids.
-
-    Raises:
-      RuntimeError: the batch is empty, has the wrong size, or repeats an env id.
-    """
-    if len(env_id) != batch_size:
-        raise RuntimeError(f"EnvPool recv returned {len(env_id)} envs, expected async batch size {batch_size}; "
-                           "recv and send must strictly alternate (envpool#259)")
-    if len(np.unique(env_id)) != len(env_id):
-        raise RuntimeError(f"EnvPool recv returned duplicate env ids {env_id.tolist()} (envpool#312)")
-    return env_id
-
-
-# ---------------------------------------------------------------------------
-# Threads: stop signal, parameter slot, timed queues.
-
-
-class Stopped(Exception):
-    """Raised inside a thread when the run is stopping; not an error."""
-
-
-class StallError(RuntimeError):
-    """No progress for --stall-timeout-s; the message names the waiting component."""
-
-
-class RunFailed(RuntimeError):
-    """A thread failed or stalled; its traceback was printed when it happened."""
-
-
-class ParamsSlot:
-    """Parameter versions published by the learner, {actor device: params} each; the newest
-    `keep` are held (more than one only for --deterministic, whose actors ask for an exact one)."""
-
-    def __init__(self, keep: int = 1):
-        self._cond = threading.Condition()
-        self.keep = keep
-        self.version = -1
-        self.history: dict[int, dict[jax.Device, Any]] = {}
-
-    def publish(self, version: int, params: dict[jax.Device, Any]):
-        with self._cond:
-            self.version, self.history[version] = version, params
-            for old in [v for v in self.history if v <= version - self.keep]:
-                del self.history[old]
-            self._cond.notify_all()
-
-    def wait(self, min_version: int, stop: threading.Event, timeout_s: float, who: str, exact: bool = False):
-        """(version, {device: params}) once version >= min_version: the newest, or version
-        `min_version` itself when `exact`. Never blocks when the version is already there."""
-        deadline = time.monotonic() + timeout_s
-        with self._cond:
-            while self.version < min_version:
-                if stop.is_set():
-                    raise Stopped
-                if time.monotonic() > deadline:
-                    raise StallError(f"{who} waited {timeout_s:.0f}s for params version {min_version} "
-                                     f"(learner is at {self.version}): the learner stalled")
-                self._cond.wait(0.1)
-            version = min_version if exact else self.version
-            return version, self.history[version]
-
-
-def timed_put(q: queue.Queue, item, stop: threading.Event, timeout_s: float, who: str):
-    deadline = time.monotonic() + timeout_s
-    while not stop.is_set():
-        try:
-            return q.put(item, timeout=0.1)
-        except queue.Full:
-            if time.monotonic() > deadline:
-                raise StallError(f"{who} could not hand a rollout to the learner for {timeout_s:.0f}s: "
-                                 "the learner stopped consuming") from None
-    raise Stopped
-
-
-def timed_get(q: queue.Queue, stop: threading.Event, timeout_s: float, who: str):
-    deadline = time.monotonic() + timeout_s
-    while not stop.is_set():
-        try:
-            return q.get(timeout=0.1)
-        except queue.Empty:
-            if time.monotonic() > deadline:
-                raise StallError(f"{who} received no rollout for {timeout_s:.0f}s: the actor stalled") from None
-    raise Stopped
-
-
-class Timer:
-    """Accumulates seconds per stage name: `with timer("env_recv"): ...`."""
-
-    def __init__(self):
-        self.totals: dict[str, float] = collections.defaultdict(float)
-
-    @contextlib.contextmanager
-    def __call__(self, name: str):
-        start = time.perf_counter()
-        yield
-        self.totals[name] += time.perf_counter() - start
-
-    def pop(self) -> dict[str, float]:
-        totals, self.totals = dict(self.totals), collections.defaultdict(float)
-        return totals
-
-
-# ---------------------------------------------------------------------------
-# Actor thread.
-
-
-def make_policy_fn(agent: Agent, action_space=None, greedy: bool = False):
-    """jit((params, obs_moments), obs [B, *obs], key) -> (action, env action, logprob [B], value [B], key).
-
-    The action is what the behaviour policy sampled ([B] int32, or [B, A] float32); the env
-    action is the same clipped to a Box `action_space`'s bounds, what `send` gets (None for
-    discrete actions: send the action; no second copy to the host). `greedy` takes the
-    policy's mode instead of sampling (evaluation)."""
-    bounds = (action_space.low, action_space.high) if agent.continuous else None
-
-    @jax.jit
-    def policy(params, obs, key):
-        params, obs_moments = params
-        dist, value = agent.apply(params, obs, obs_moments)
-        key, sample_key = jax.random.split(key)
-        action = sample_action(dist, sample_key, greedy)
-        env_action = None if bounds is None else jnp.clip(action, *bounds)
-        return action, env_action, log_prob(dist, action), value, key
-
-    return policy
-
-
-def run_actor(envs, policy, device: jax.Device, key, params_slot: ParamsSlot, rollout_queue: queue.Queue,
-              assembler: RolloutAssembler, num_rollouts: int, args: Args, batch_size: int,
-              stop: threading.Event, name: str):
-    """Step `envs` with strictly alternating recv -> policy -> send until the assembler has
-    emitted rollout `num_rollouts - 1`.
-
-    Each queued item is (Rollout, episode returns, episode lengths, stats dict in seconds).
-    With --deterministic each batch is the whole pool sorted by env id, and the action
-    starting a transition of rollout g comes from params version max(g - max_policy_lag,
-    first rollout of this pool) exactly.
-    """
-    timer = Timer()
-    key = jax.device_put(key, device)
-    last_emit = time.perf_counter()
-    first_rollout = assembler.emitted
-    envs.async_reset()
-    while assembler.emitted < num_rollouts:
-        if stop.is_set():
-            raise Stopped
-        with timer("env_recv_time_s"):
-            obs, reward, terminated, truncated, info = envs.recv()
-        env_id = check_env_ids(np.asarray(info["env_id"]), batch_size)
-        lives = info.get("lives")
-        if args.deterministic:
-            order = np.argsort(env_id)
-            env_id, obs, reward, terminated, truncated = (x[order] for x in (env_id, obs, reward, terminated, truncated))
-            lives = None if lives is None else lives[order]
-        # An action that starts a transition of rollout g must come from params >= g - max_policy_lag;
-        # never wait for a version that needs this thread's own unfinished rollout (that would deadlock).
-        needed = min(int(assembler.action_generation(env_id).max()) - args.max_policy_lag, assembler.emitted)
-        if args.deterministic:
-            needed = max(needed, first_rollout)
-        with timer("params_wait_time_s"):
-            version, params = params_slot.wait(needed, stop, args.stall_timeout_s, name, exact=args.deterministic)
-        with timer("inference_time_s"):
-            action, env_action, logprob, value, key = policy(params[device], obs, key)
-            action, logprob, value = np.asarray(action), np.asarray(logprob), np.asarray(value)
-        with timer("env_send_time_s"):
-            envs.send(action if env_action is None else np.asarray(env_action), env_id)
-        with timer("rollout_assembly_time_s"):
-            completed = assembler.add(env_id, obs, reward, terminated, truncated, lives,
-                                      action, logprob, value, version)
-        for rollout, returns, lengths in completed:
-            now = time.perf_counter()
-            stats = timer.pop()
-            stats["actor_sps"] = rollout.actions[1:].size / (now - last_emit)
-            with timer("rollout_queue_put_time_s"):
-                timed_put(rollout_queue, (rollout, returns, lengths, stats), stop, args.stall_timeout_s, name)
-            last_emit = now
-
-
-def env_segments(start_update: int, num_updates: int, args: Args) -> list[tuple[int, int]]:
-    """Rollout ranges [begin, end) each served by one fresh EnvPool pool: the whole run, or
-    with --deterministic one per checkpoint interval, so a run resumed from a periodic
-    checkpoint restarts its envs exactly where the uninterrupted run did."""
-    if not args.deterministic or not args.checkpoint_interval:
-        return [(start_update, num_updates)]
-    interval = args.checkpoint_interval
-    cuts = [start_update, *range((start_update // interval + 1) * interval, num_updates, interval), num_updates]
-    return list(itertools.pairwise(cuts))
-
-
-# ---------------------------------------------------------------------------
-# Evaluation: whole episodes on a pool of its own.
-
-
-def run_episodes(envs, policy, params, key, stop=None, record=None):
-    """One episode in each env of a synchronous pool (batch = all envs), with `policy` from
-    make_policy_fn. Returns (raw returns [N] float64, lengths [N] int64 in env steps, key), in
-    env-id order. `record(running)` is called after the reset and after every step (video);
-    `stop` is checked every step.
-
-    Raises:
-      Stopped: `stop` was set.
-    """
-    num_envs = envs.config["num_envs"]
-    returns, lengths, running = np.zeros(num_envs), np.zeros(num_envs, np.int64), np.ones(num_envs, bool)
-    obs, _ = envs.reset()
-    if record:
-        record(running)
-    while running.any():
-        if stop is not None and stop.is_set():
-            raise Stopped
-        action, env_action, _, _, key = policy(params, obs, key)
-        obs, reward, terminated, truncated, _ = envs.step(np.asarray(action if env_action is None else env_action))
-        returns += np.where(running, reward, 0.0)
-        lengths += running
-        if record:
-            record(running)  # the frame of this step, the last one included
-        running &= ~(terminated | truncated)
-    return returns, lengths, key
-
-
-class Evaluator:
-    """--eval-episodes whole episodes (Atari: whole games, no life-loss episodes) with the
-    training protocol's env settings on a pool of its own (one EnvPool thread), one per env,
-    actions sampled from the policy (its mode with --eval-greedy). Returns eval/* metrics: raw
-    episodic return mean and std, mean length in env steps, seconds taken. `close()` closes
-    the pool."""
-
-    def __init__(self, args: Args, agent: Agent, spec, seed: int):
-        self.envs = make_envs(dataclasses.replace(args, episodic_life=False), args.eval_episodes, args.eval_episodes,
-                              seed, num_threads=1)
-        self.policy = make_policy_fn(agent, spec.action_space, greedy=args.eval_greedy)
-        self.seed, self.key = seed, jax.random.PRNGKey(seed)
-
-    def __call__(self, params, stop) -> dict[str, float]:
-        start = time.perf_counter()
-        returns, lengths, self.key = run_episodes(self.envs, self.policy, params, self.key, stop)
-        return {"eval/episodic_return_mean": float(returns.mean()), "eval/episodic_return_std": float(returns.std()),
-                "eval/episodic_length_mean": float(lengths.mean()), "eval/time_s": time.perf_counter() - start}
-
-    def close(self):
-        self.envs.close()
-
-
-def run_evaluator(run: Run, evaluator: Evaluator, device: jax.Device, stop):
-    """Eval thread: each time the learner publishes a multiple of --eval-interval (before the
-    last update, which the final evaluation covers), evaluate the newest params on `device`
-    and queue the metrics, with the version evaluated, for the learner to log."""
-    interval = run.args.eval_interval
-    version = run.start_update
-    try:
-        while (wanted := (version // interval + 1) * interval) < run.setup.num_updates:
-            # No deadline: stalls are the actors' and the learner's to detect; `stop` ends the wait.
-            version, params = run.params_slot.wait(wanted, stop, float("inf"), "evaluator")
-            metrics = evaluator(params[device], stop) | {"eval/params_version": float(version)}
-            timed_put(run.eval_results, metrics, stop, run.args.stall_timeout_s, "evaluator")
-    finally:
-        evaluator.close()
-
-
-# ---------------------------------------------------------------------------
-# Learner: one compiled SPMD update over the learner mesh.
-
-
-class Placement:
-    """Every device placement of the script: actor devices, the learner mesh (the learner
-    devices of every process) and its shardings."""
-
-    def __init__(self, actor_devices: list[jax.Device], learner_devices: list[jax.Device]):
-        self.actor_devices = actor_devices
-        self.mesh = Mesh(np.array(learner_devices), ("learner",))
-        self.replicated = NamedSharding(self.mesh, P())
-        self.env_sharded = NamedSharding(self.mesh, P(None, "learner"))  # [T, envs, ...]: env axis split
-        self.num_local_learners = sum(d.process_index == jax.process_index() for d in learner_devices)
-
-    def to_actors(self, params) -> dict[jax.Device, Any]:
-        """One copy of the (replicated) learner `params` on each of this process's actor devices."""
-        local = jax.tree.map(lambda x: x.addressable_data(0), params)
-        return {d: jax.device_put(local, d) for d in self.actor_devices}
-
-    def replicate(self, tree):
-        """Host values, the same on every process -> arrays replicated over the learner mesh."""
-        return jax.tree.map(lambda x: jax.make_array_from_process_local_data(self.replicated, np.asarray(x)), tree)
-
-    def to_learners(self, rollouts: list[Rollout]) -> Rollout:
-        """Concatenate this process's per-thread host rollouts [T+1, N] into its [T+1, K*N]
-        part of the global batch [T+1, processes*K*N], ordered so each local learner
-        device's contiguous env slice holds an equal part of every thread's envs."""
-        num_learners = self.num_local_learners
-
-        def interleave(*xs):  # K x [T+1, N, ...] -> [T+1, K*N, ...] in one copy (frames are most of the bytes)
-            (t, n), rest, k = xs[0].shape[:2], xs[0].shape[2:], len(xs)
-            local = np.empty((t, k * n) + rest, xs[0].dtype)
-            per_learner = local.reshape((t, num_learners, k, n // num_learners) + rest)
-            for i, x in enumerate(xs):
-                per_learner[:, :, i] = x.reshape((t, num_learners, n // num_learners) + rest)
-            global_shape = (t, k * n * jax.process_count()) + rest
-            return jax.make_array_from_process_local_data(self.env_sharded, local, global_shape)
-
-        return Rollout(*[interleave(*fields) for fields in zip(*rollouts)])
-
-
-def host(x) -> np.ndarray:
-    """The value of an array replicated over the learner mesh, on the host (any process)."""
-    return np.asarray(x.addressable_data(0))
-
-
 def prepare_transitions(rollout: Rollout, gamma: float, gae_lambda: float, return_moments=None) -> Minibatch:
     """Turn a rollout's T+1 rows into T training transitions [T, N] (Minibatch fields).
 
@@ -1089,27 +271,48 @@ def prepare_transitions(rollout: Rollout, gamma: float, gae_lambda: float, retur
                      mask.astype(jnp.float32))
 
 
-class LearnerState(TrainState):
-    """TrainState (params, optimiser state, step) and the running statistics of --norm-obs
-    (obs_moments, of the obs shape; scalar when off) and --norm-reward (return_moments)."""
-
-    obs_moments: RunningMoments
-    return_moments: RunningMoments
+# ---------------------------------------------------------------------------
+# Actor thread: recv -> policy -> send -> assemble -> queue.
 
 
-def make_normalizer_update(args: Args, mesh: Mesh):
-    """jit(shard_map): (obs_moments, return_moments, Rollout sharded on the env axis) -> both
-    updated with the rollout's new rows 1..T (observations; discounted returns) where
-    --norm-obs / --norm-reward are on; the identity when both are off."""
-    norm_obs, norm_reward = normalization(args)
+def run_actor(envs, policy, device: jax.Device, key, params_slot: ParamsSlot, rollout_queue: queue.Queue,
+              assembler: RolloutAssembler, num_rollouts: int, args: Args, batch_size: int,
+              stop: threading.Event, name: str):
+    """Step `envs` with strictly alternating recv -> policy -> send until the assembler has
+    emitted rollout `num_rollouts - 1`.
 
-    def refresh(obs_moments: RunningMoments, return_moments: RunningMoments, rollout: Rollout):
-        return (obs_moments.update(rollout.obs[1:], "learner") if norm_obs else obs_moments,
-                return_moments.update(rollout.discounted_returns[1:], "learner") if norm_reward else return_moments)
+    Each queued item is (Rollout, episode returns, episode lengths, stats dict in seconds).
+    With --deterministic each batch is the whole pool sorted by env id, and the action
+    starting a transition of rollout g comes from params version max(g - max_policy_lag,
+    first rollout of this pool) exactly.
+    """
+    timer, key, last_emit, first_rollout = Timer(), jax.device_put(key, device), time.perf_counter(), assembler.emitted
+    envs.async_reset()
+    while assembler.emitted < num_rollouts:
+        if stop.is_set():
+            raise Stopped
+        with timer("env_recv_time_s"):
+            env_id, obs, reward, terminated, truncated, lives = recv_batch(envs, batch_size, sort=args.deterministic)
+        needed = assembler.min_params_version(env_id, args.max_policy_lag, first_rollout if args.deterministic else 0)
+        with timer("params_wait_time_s"):
+            version, params = params_slot.wait(needed, stop, args.stall_timeout_s, name, exact=args.deterministic)
+        with timer("inference_time_s"):
+            action, env_action, logprob, value, key = policy(params[device], obs, key)
+            action, logprob, value = np.asarray(action), np.asarray(logprob), np.asarray(value)
+        with timer("env_send_time_s"):
+            envs.send(action if env_action is None else np.asarray(env_action), env_id)
+        with timer("rollout_assembly_time_s"):
+            completed = assembler.add(env_id, obs, reward, terminated, truncated, lives, action, logprob, value, version)
+        for rollout, returns, lengths in completed:
+            now, stats = time.perf_counter(), timer.pop()
+            stats["actor_sps"] = rollout.actions[1:].size / (now - last_emit)
+            with timer("rollout_queue_put_time_s"):
+                timed_put(rollout_queue, (rollout, returns, lengths, stats), stop, args.stall_timeout_s, name)
+            last_emit = now
 
-    if not (norm_obs or norm_reward):
-        return lambda obs_moments, return_moments, _: (obs_moments, return_moments)
-    return jax.jit(jax.shard_map(refresh, mesh=mesh, in_specs=(P(), P(), P(None, "learner")), out_specs=P()))
+
+# ---------------------------------------------------------------------------
+# Learner: one compiled SPMD update over the learner mesh.
 
 
 def make_train_state(args: Args, setup: Setup, params, placement: Placement):
@@ -1118,7 +321,7 @@ def make_train_state(args: Args, setup: Setup, params, placement: Placement):
     lr_schedule = optax.linear_schedule(args.learning_rate, 0.0 if args.anneal_lr else args.learning_rate,
                                         setup.num_updates * args.update_epochs * args.num_minibatches)
     tx = optax.chain(optax.clip_by_global_norm(args.max_grad_norm), optax.adam(lr_schedule, eps=1e-5))
-    obs_shape = make_agent(args)[1].observation_space.shape if normalization(args)[0] else ()
+    obs_shape = make_agent(args)[1].observation_space.shape if setup.norm_obs else ()
     state = LearnerState.create(apply_fn=None, params=params, tx=tx, obs_moments=RunningMoments.create(obs_shape),
                                 return_moments=RunningMoments.create(()))
     return placement.replicate(state), lr_schedule
@@ -1156,8 +359,8 @@ def make_update_fn(args: Args, agent: Agent, mesh: Mesh):
     (benchmark/memory.py reads their compiled memory).
     """
     n_mb, n_acc, env_axis = args.num_minibatches, args.gradient_accumulation_steps, P(None, "learner")
-    norm_reward = normalization(args)[1]
-    refresh_normalizers = make_normalizer_update(args, mesh)
+    norm_obs, norm_reward = normalization(args.env_id, args.norm_obs, args.norm_reward)
+    refresh_normalizers = make_normalizer_update(norm_obs, norm_reward, mesh)
 
     def prepare(return_moments: RunningMoments, rollout: Rollout) -> Minibatch:  # per device: [T+1, n] -> [T * n]
         transitions = prepare_transitions(rollout, args.gamma, args.gae_lambda, return_moments if norm_reward else None)
@@ -1223,201 +426,28 @@ def make_update_fn(args: Args, agent: Agent, mesh: Mesh):
     return update
 
 
-# ---------------------------------------------------------------------------
-# Logging and checkpoints.
-
-
-class Logger:
-    """Console-free metric sink: TensorBoard events in the run directory, mirrored to W&B
-    with --track (the same W&B run id is reused on resume). Called from the learner thread;
-    a no-op on every process but process 0."""
-
-    def __init__(self, args: Args, setup: Setup, run_dir: Path, wandb_id: str | None):
-        self.writer = self.wandb = None
-        if setup.process_id:  # process 0 alone writes logs
-            return
-        self.writer = SummaryWriter(str(run_dir))
-        if args.track:
-            self.wandb = wandb.init(project=args.wandb_project_name, entity=args.wandb_entity, name=setup.run_name,
-                                    id=wandb_id, resume="allow", dir=str(run_dir),
-                                    config=dict(dataclasses.asdict(args), **dataclasses.asdict(setup)))
-
-    def log(self, metrics: dict[str, float], step: int):
-        if self.writer is None:
-            return
-        for k, v in metrics.items():
-            self.writer.add_scalar(k, v, step)
-        if self.wandb is not None:
-            self.wandb.log(metrics, step=step)
-
-    def close(self):
-        if self.writer is not None:
-            self.writer.close()
-        if self.wandb is not None:
-            self.wandb.finish()
-
-
-# Flags that may differ between a run and its resumption; every other flag must match
-# (--norm-obs and --norm-reward by their resolved values).
-RESUMABLE_FLAGS = {"track", "wandb_project_name", "wandb_entity", "log_frequency", "num_env_threads",
-                   "stall_timeout_s", "checkpoint_interval", "total_timesteps", "eval_interval", "eval_episodes",
-                   "eval_greedy", "norm_obs", "norm_reward"}
-EVAL_SEED_OFFSET = 1_000_003  # evaluation pools: an env seed range of their own, far from the training pools'.
-
-
-def read_resume_meta(directory: Path, args: Args, num_processes: int = 1) -> dict | None:
-    """Metadata of the newest checkpoint in `directory`, or None for a new run.
-
-    Raises:
-      ConfigError: the checkpoint is unreadable or was written with other flags.
+def run_learner(run: Run, state: LearnerState, update_fn, lr_schedule, key):
+    """Consume one rollout per actor thread (fixed order) per update: transfer the batch onto
+    the learner mesh, update, publish the params to the actor devices. Between updates
+    `Bookkeeping` logs (see docs/ppo_envpool.md for every metric), checkpoints every
+    --checkpoint-interval updates and keeps the summary; a stop signal ends the loop at an
+    update boundary, agreed over every process, and after it the last checkpoint is written.
     """
-    if not directory.exists():
-        return None
-    manager = ocp.CheckpointManager(directory.absolute(), options=ocp.CheckpointManagerOptions(create=False))
-    update = manager.latest_step()
-    if update is None:
-        return None
-    try:
-        meta = manager.restore(update, args=ocp.args.Composite(meta=ocp.args.JsonRestore())).meta
-    except Exception as error:  # noqa: BLE001 - any unreadable checkpoint is the same error to the user
-        raise ConfigError(f"cannot read checkpoint {directory}/{update} ({type(error).__name__}); "
-                          "delete it or use a new --run-name") from error
-    finally:
-        manager.close()
-    saved = meta["args"]
-    now = json.loads(json.dumps(dataclasses.asdict(args)))
-    # A deterministic run restarts its envs at every checkpoint interval: the interval is part of the run.
-    resumable = RESUMABLE_FLAGS - {"checkpoint_interval"} if args.deterministic else RESUMABLE_FLAGS
-    differ = [f"--{k.replace('_', '-')} {saved[k]} (now {v})" for k, v in now.items()
-              if k not in resumable and k in saved and v != saved[k]]
-    was = normalization(Args(env_id=args.env_id, norm_obs=saved.get("norm_obs"), norm_reward=saved.get("norm_reward")))
-    differ += [f"--{flag} {old} (now {new})" for flag, old, new in zip(("norm-obs", "norm-reward"), was,
-                                                                       normalization(args)) if old != new]
-    if meta.get("num_processes", 1) != num_processes:  # the global batch would change
-        differ.append(f"{meta.get('num_processes', 1)} process(es) (now {num_processes})")
-    if differ:
-        raise ConfigError(f"checkpoint {directory}/{update} was written with " + ", ".join(differ) +
-                          "; resume with the same flags or use a new --run-name")
-    return meta
-
-
-class Checkpointer:
-    """orbax checkpoints in runs/<run>/checkpoints/<update>: the LearnerState (params, optimizer
-    state, step, normalisation statistics) and JSON metadata (update and env-step counters, learner PRNG key, recent
-    episodes, W&B run id, the flags). orbax writes to a temporary directory and renames it
-    when complete, so a checkpoint half-written when the process died is never loaded. The
-    newest 3 are kept."""
-
-    def __init__(self, directory: Path):
-        self.manager = ocp.CheckpointManager(directory.absolute(), options=ocp.CheckpointManagerOptions(max_to_keep=3))
-
-    def save(self, update: int, state: LearnerState, meta: dict):
-        self.manager.save(update, args=ocp.args.Composite(state=ocp.args.StandardSave(state),
-                                                          meta=ocp.args.JsonSave(meta)), force=True)
-
-    def restore_state(self, update: int, like: LearnerState) -> LearnerState:
-        abstract = jax.tree.map(ocp.utils.to_shape_dtype_struct, like)
-        return self.manager.restore(update, args=ocp.args.Composite(state=ocp.args.StandardRestore(abstract))).state
-
-    def close(self):
-        self.manager.wait_until_finished()
-        self.manager.close()
-
-
-# ---------------------------------------------------------------------------
-# Learner thread, supervisor and main.
-
-
-class AnyEvent:
-    """is_set() when any of the events is set."""
-
-    def __init__(self, *events: threading.Event):
-        self.events = events
-
-    def is_set(self) -> bool:
-        return any(e.is_set() for e in self.events)
-
-
-@dataclass
-class Run:
-    """What the threads of one run share."""
-
-    args: Args
-    setup: Setup
-    placement: Placement
-    params_slot: ParamsSlot
-    queues: list[queue.Queue]
-    stop: threading.Event  # set when the run ends or fails: every thread returns
-    preempt: threading.Event  # set by SIGINT/SIGTERM/SIGUSR1: the learner checkpoints and the run ends
-    logger: Logger
-    checkpointer: Checkpointer
-    start_update: int
-    wandb_id: str | None
-    summary: dict
-    eval_results: queue.Queue  # eval thread -> learner: eval/* metrics to log
-    make_evaluator: Any  # () -> Evaluator for the final evaluation; None: no final evaluation on this process
-    signum: int = 0  # the first stop signal this process received
-
-
-def run_learner(run: Run, state: LearnerState, update_fn, lr_schedule, key, episodes: collections.deque):
-    """Consume one rollout per actor thread (fixed order) per update; publish params after each;
-    checkpoint every --checkpoint-interval updates, at the end, and when preempted; log the eval
-    thread's results; after the last update, the final evaluation (into the summary).
-
-    Logs every --log-frequency updates (means over the window unless the name says min/max);
-    see the script's page in docs/ for every metric. `episodes` holds (raw return, length) of the
-    last 20 finished games.
-    """
-    args, setup, placement, queues, logger, summary = run.args, run.setup, run.placement, run.queues, run.logger, run.summary
-    window: dict[str, list[float]] = collections.defaultdict(list)
-    timer = Timer()
-    start_time = cpu_start_wall = time.time()
-    cpu_start = sum(os.times()[:2])
-    # One process alone must not leave the update loop (the others would wait in a collective):
-    # with several processes a stop signal is acted on only where every process agrees on it.
-    interrupted = AnyEvent(run.stop, run.preempt) if setup.num_processes == 1 else run.stop
-    stopped_by = 0
-
-    def checkpoint(updates_done: int):  # every process takes part; orbax writes each array once
-        if run.checkpointer.manager.latest_step() == updates_done:
-            return
-        meta = dict(update=updates_done, global_step=updates_done * setup.batch_size, wandb_id=run.wandb_id,
-                    learner_key=host(jax.random.key_data(key)).tolist(), episodes=list(episodes),
-                    num_processes=setup.num_processes, args=dataclasses.asdict(args))
-        run.checkpointer.save(updates_done, state, meta)
-        summary.update(checkpoint=str(run.checkpointer.manager.directory / str(updates_done)))
-
-    def update_summary(updates_done: int):
-        summary.update(global_step=updates_done * setup.batch_size, updates=updates_done,
-                       episodic_return_mean=float(np.mean([r for r, _ in episodes])) if episodes else None,
-                       episodic_length_mean=float(np.mean([n for _, n in episodes])) if episodes else None)
-
-    def log_eval(metrics: dict[str, float], global_step: int, final: bool = False):
-        version = int(metrics["eval/params_version"])
-        logger.log(metrics | {"eval/global_step": version * setup.batch_size}, global_step)
-        print(f"{'final eval' if final else 'eval'} at update {version} ({'greedy' if args.eval_greedy else 'sampled'} "
-              f"actions): return {metrics['eval/episodic_return_mean']:.1f} ± "
-              f"{metrics['eval/episodic_return_std']:.1f}, length {metrics['eval/episodic_length_mean']:.1f} "
-              f"({args.eval_episodes} episodes, {metrics['eval/time_s']:.1f}s)", flush=True)
-
-    update_summary(run.start_update)
-    for update in range(run.start_update, setup.num_updates):
-        stopped_by = run.signum if setup.num_processes == 1 else int(process_allgather(np.int32(run.signum)).max())
-        if stopped_by:
-            if not run.signum and not setup.process_id:
-                print(f"{signal.Signals(stopped_by).name} on another process: checkpointing and stopping", flush=True)
+    books, timer, placement = Bookkeeping(run, lr_schedule), Timer(), run.placement
+    for update in range(run.start_update, run.setup.num_updates):
+        if run.stop_requested():
             break
         try:
             with timer("rollout_queue_get_time_s"):
-                items = [timed_get(q, interrupted, args.stall_timeout_s, f"learner (from actor thread {i})")
-                         for i, q in enumerate(queues)]
+                items = [timed_get(q, run.interrupted, run.flags.stall_timeout_s, f"learner (from actor thread {i})")
+                         for i, q in enumerate(run.queues)]
         except Stopped:
-            if run.preempt.is_set():
-                stopped_by = run.signum
-                break
-            raise
+            if not run.preempt.is_set():
+                raise
+            run.stopped_by = run.signum
+            break
         with timer("transfer_time_s"):
-            batch = jax.block_until_ready(placement.to_learners([it[0] for it in items]))
+            batch = jax.block_until_ready(placement.to_learners([rollout for rollout, *_ in items]))
         lag = update - np.concatenate([rollout.versions[:-1].ravel() for rollout, *_ in items])
         items = [item[1:] for item in items]  # the host rollouts are on the learner now: free their frames
         key, update_key = jax.random.split(key)
@@ -1426,85 +456,16 @@ def run_learner(run: Run, state: LearnerState, update_fn, lr_schedule, key, epis
             metrics = jax.tree.map(host, metrics)
         del batch  # before the next rollouts arrive
         run.params_slot.publish(update + 1, placement.to_actors((state.params, state.obs_moments)))
-        while not run.eval_results.empty():
-            log_eval(run.eval_results.get_nowait(), (update + 1) * setup.batch_size)
+        books.record(update, state, key, lag, items, metrics, timer.pop())
+    books.finish(state, key)
 
-        window["policy_lag/min"].append(lag.min())
-        window["policy_lag/mean"].append(lag.mean())
-        window["policy_lag/max"].append(lag.max())
-        for returns, lengths, stats in items:
-            episodes.extend(zip(returns, lengths))
-            for k, v in stats.items():
-                window[f"actor/{k}"].append(v)
-        for k, v in timer.pop().items():
-            window[f"learner/{k}"].append(v)
-        for k, v in metrics.items():
-            window[f"losses/{k}"].append(v)
-        global_step = (update + 1) * setup.batch_size
-        if args.checkpoint_interval and (update + 1) % args.checkpoint_interval == 0:
-            checkpoint(update + 1)
-        update_summary(update + 1)
-        if (update + 1) % args.log_frequency and update + 1 < setup.num_updates:
-            continue
 
-        now, cpu_now = time.time(), sum(os.times()[:2])
-        steps_this_session = global_step - run.start_update * setup.batch_size
-        record = {k: float(np.mean(v)) for k, v in window.items()}
-        record["policy_lag/min"], record["policy_lag/max"] = min(window["policy_lag/min"]), max(window["policy_lag/max"])
-        learner_time = record["learner/transfer_time_s"] + record["learner/update_time_s"]
-        record |= {"charts/sps": steps_this_session / (now - start_time),
-                   "charts/actor_sps": record.pop("actor/actor_sps") * setup.num_actor_threads_total,
-                   "charts/learner_sps": setup.batch_size / max(learner_time, 1e-9),
-                   "charts/learning_rate": float(lr_schedule(state.step)),
-                   "charts/updates": update + 1,
-                   "charts/rollout_queue_size": float(np.mean([q.qsize() for q in queues])),
-                   "charts/cpu_utilization": (cpu_now - cpu_start) / ((now - cpu_start_wall) * (os.cpu_count() or 1))}
-        if episodes:
-            record["charts/episodic_return"] = summary["episodic_return_mean"]
-            record["charts/episodic_length"] = summary["episodic_length_mean"]
-        window.clear()
-        cpu_start, cpu_start_wall = cpu_now, now
-        logger.log(record, global_step)
-        if setup.process_id:
-            continue
-        eta = (now - start_time) / (update + 1 - run.start_update) * (setup.num_updates - update - 1)
-        ret = f"{summary['episodic_return_mean']:8.1f}" if episodes else "     n/a"
-        print(f"step {global_step:>10d} | update {update + 1}/{setup.num_updates} | sps {record['charts/sps']:7.0f} "
-              f"| return {ret} | policy lag {record['policy_lag/mean']:.2f} (max {record['policy_lag/max']:.0f}) "
-              f"| eta {eta:5.0f}s", flush=True)
-    if stopped_by:
-        summary["interrupted_by"] = signal.Signals(stopped_by).name
-    if stopped_by and args.deterministic:
-        # EnvPool cannot save env state, so only a periodic checkpoint (where the envs restart)
-        # resumes into the same run; the updates since it are redone, identically.
-        latest = run.checkpointer.manager.latest_step()
-        if not setup.process_id:
-            print(f"--deterministic: no checkpoint at update {summary['updates']}; the same command resumes from "
-                  f"{f'update {latest}' if latest is not None else 'the start'} and redoes the updates after it exactly")
-        summary["checkpoint"] = str(run.checkpointer.manager.directory / str(latest)) if latest is not None else None
-    else:
-        checkpoint(summary["updates"])
-    if not stopped_by and run.make_evaluator is not None and summary["updates"] == setup.num_updates:
-        params = placement.to_actors((state.params, state.obs_moments))[placement.actor_devices[0]]
-        start, evaluator = time.perf_counter(), run.make_evaluator()
-        try:
-            metrics = evaluator(params, interrupted) | {"eval/params_version": float(setup.num_updates)}
-            metrics["eval/time_s"] = time.perf_counter() - start  # with making the pool and compiling the policy
-            log_eval(metrics, summary["global_step"], final=True)
-            summary["final_eval"] = {k.removeprefix("eval/"): v for k, v in metrics.items()} | {
-                "params_version": setup.num_updates, "seed": evaluator.seed, "greedy": args.eval_greedy}
-        except Stopped:  # a stop signal during the final evaluation: training is done and saved
-            if not run.signum:
-                raise
-            summary["interrupted_by"] = signal.Signals(run.signum).name
-        finally:
-            evaluator.close()
-    leaves = [host(x) for x in jax.tree.leaves(state.params)]
-    summary["params_sha256"] = hashlib.sha256(b"".join(np.ascontiguousarray(x).tobytes() for x in leaves)).hexdigest()
+# ---------------------------------------------------------------------------
+# main: the actor threads, the rollout queues, the learner mesh and the params going back.
 
 
 def main(args: Args) -> dict:
-    """Train, or resume the run named --run-name from its newest checkpoint.
+    """Train with PPO, or resume the run named --run-name from its newest checkpoint.
 
     Returns the summary written to runs/<run_name>/summary.json; `summary["interrupted_by"]`
     names the signal when SIGINT/SIGTERM/SIGUSR1 stopped the run after a checkpoint.
@@ -1516,179 +477,40 @@ def main(args: Args) -> dict:
     """
     cluster = detect_cluster(args)
     setup = resolve(args, cluster)
-    lead = setup.process_id == 0  # process 0 alone writes the run directory, logs and the console
-    run_dir = Path("runs") / setup.run_name
-    actor_devices, learner_devices = setup_devices(args, cluster)  # first: orbax starts the JAX backend
-    meta = read_resume_meta(run_dir / "checkpoints", args, setup.num_processes)
-    if setup.num_processes > 1:  # every process has looked for a checkpoint before any creates the directory
-        sync_global_devices("sebulba: checked for a checkpoint")
-    if meta is not None and meta["update"] >= setup.num_updates:
-        if lead:
-            print(f"{run_dir} already finished at update {meta['update']} (global step {meta['global_step']}); "
-                  "raise --total-timesteps to train it further")
-        summary_file = run_dir / "summary.json"
-        summary = json.loads(summary_file.read_text()) if summary_file.exists() else {"global_step": meta["global_step"]}
-        if lead and args.eval_episodes and "final_eval" not in summary:
-            print(f"it has no final evaluation (stopped during it?): python scripts/evaluate.py {run_dir} --episodes "
-                  f"{args.eval_episodes} --seed {args.seed + EVAL_SEED_OFFSET}{' --greedy' * args.eval_greedy}")
-        return summary
-    run_dir.mkdir(parents=True, exist_ok=True)
-    checkpointer = Checkpointer(run_dir / "checkpoints")
-    if lead and args.deterministic and not args.checkpoint_interval:
-        print("warning: --deterministic with --checkpoint-interval 0: a stop signal leaves nothing to resume from")
-    if lead:
-        (run_dir / "config.json").write_text(json.dumps({"args": dataclasses.asdict(args),
-                                                         "derived": dataclasses.asdict(setup)}, indent=2))
-        per_process = setup.num_actor_threads_total * args.local_num_envs
-        print(f"run {setup.run_name}{', deterministic' * args.deterministic}: {setup.num_processes} process(es) x "
-              f"{len(actor_devices)} actor device(s) x {args.num_actor_threads} thread(s) x {args.local_num_envs} envs "
-              f"(recv batch {setup.async_batch_size}) = {setup.num_envs_total} envs; {len(learner_devices)} learner "
-              f"device(s) x {setup.envs_per_learner} envs; env steps per update: {args.num_steps * args.local_num_envs} "
-              f"per thread, {args.num_steps * per_process} per process, {setup.batch_size} in all; "
-              f"{setup.num_updates} updates" + "; observation normalisation" * setup.norm_obs
-              + "; reward scaling" * setup.norm_reward)
-
-    atari = is_atari(args.env_id)
+    run = Run.open(args, setup, cluster)  # devices, resume check, runs/<run_name>/, config.json, the layout line
+    if run.finished:
+        return run.summary
     agent, spec = make_agent(args)
-    obs_space, action_space = spec.observation_space, spec.action_space
-    key = jax.random.PRNGKey(args.seed)
-    key, init_key, learner_key, actor_root = jax.random.split(key, 4)
-    placement = Placement(actor_devices, learner_devices)
-    params = init_params(agent, spec, init_key)
-    state, lr_schedule = make_train_state(args, setup, params, placement)
-    start_update, wandb_id, episodes = 0, uuid.uuid4().hex[:12] if args.track else None, []
-    if meta is not None:
-        start_update, wandb_id, episodes = meta["update"], meta["wandb_id"] or wandb_id, meta["episodes"]
-        state = checkpointer.restore_state(start_update, state)
-        learner_key = np.asarray(meta["learner_key"], dtype=np.uint32)
-        if lead:
-            print(f"resumed from {checkpointer.manager.directory}/{start_update}: update {start_update}, "
-                  f"global step {meta['global_step']}")
-    learner_key = placement.replicate(learner_key)
+    key, init_key, learner_key, actor_key = jax.random.split(jax.random.PRNGKey(args.seed), 4)
+    placement = run.placement  # actor devices; the learner mesh over every process's learner devices
+    state, lr_schedule = make_train_state(args, setup, init_params(agent, spec, init_key), placement)
+    state, learner_key = run.resume(state, learner_key)
     update_fn = make_update_fn(args, agent, placement.mesh)
-    policy = make_policy_fn(agent, action_space)
-    eval_seed = args.seed + EVAL_SEED_OFFSET
+    policy = make_policy_fn(agent, spec.action_space)
+    # One bounded queue per actor thread; the learner reads them in thread order.
+    run.queues = [queue.Queue(maxsize=1) for _ in range(setup.num_actor_threads_total)]
+    run.params_slot.publish(run.start_update, placement.to_actors((state.params, state.obs_moments)))
 
-    run = Run(args, setup, placement, ParamsSlot(keep=args.max_policy_lag + 2 if args.deterministic else 1),
-              [queue.Queue(maxsize=1) for _ in range(setup.num_actor_threads_total)], threading.Event(),
-              threading.Event(), Logger(args, setup, run_dir, wandb_id), checkpointer, start_update, wandb_id, {},
-              queue.Queue(maxsize=4),
-              (lambda: Evaluator(args, agent, spec, eval_seed)) if lead and args.eval_episodes else None)
-    run.params_slot.publish(start_update, placement.to_actors((state.params, state.obs_moments)))
-    errors: list[tuple[str, BaseException]] = []
+    def actor(thread_index: int, device: jax.Device):
+        for begin, end in run.env_segments():  # one pool for the run; --deterministic: one per checkpoint interval
+            with run.actor_pool(thread_index, begin, spec, actor_key, args.num_steps, args.gamma,
+                                agent.continuous) as (envs, assembler, key):
+                run_actor(envs, policy, device, key, run.params_slot, run.queues[thread_index], assembler, end, args,
+                          setup.async_batch_size, run.interrupted, f"actor thread {thread_index}")
 
-    def supervised(name, fn, *fn_args):
-        def body():
-            try:
-                fn(*fn_args)
-            except Stopped:
-                pass
-            except BaseException as e:  # noqa: BLE001 - every failure ends the run
-                errors.append((name, e))
-                traceback.print_exc()
-                run.stop.set()
-        return threading.Thread(target=body, name=name, daemon=True)
-
-    # With several processes, actors stop only when the learners have agreed to stop (run.stop).
-    actors_stop = AnyEvent(run.stop, run.preempt) if setup.num_processes == 1 else run.stop
-
-    def actor(thread_index: int, device):
-        # Distinct env seeds and action keys per thread of every process, fresh ones for every pool.
-        global_index = setup.process_id * setup.num_actor_threads_total + thread_index
-        for begin, end in env_segments(start_update, setup.num_updates, args):
-            seed = args.seed + (global_index + begin * setup.num_envs_total // args.local_num_envs) * args.local_num_envs
-            envs = make_envs(args, args.local_num_envs, setup.async_batch_size, seed, setup.num_env_threads)
-            assembler = RolloutAssembler(args.local_num_envs, args.num_steps, obs_space.shape,
-                                         np.float32 if obs_space.dtype == np.float64 else obs_space.dtype,
-                                         clip_rewards=atari, episodic_life=args.episodic_life, first_rollout=begin,
-                                         action_shape=action_space.shape, gamma=args.gamma,
-                                         action_dtype=np.float32 if agent.continuous else np.int32)
-            try:
-                run_actor(envs, policy, device, jax.random.fold_in(jax.random.fold_in(actor_root, global_index), begin),
-                          run.params_slot, run.queues[thread_index], assembler, end, args,
-                          setup.async_batch_size, actors_stop, f"actor thread {thread_index}")
-            finally:
-                envs.close()
-
-    received: list[tuple[int, float]] = []  # (signal, time)
-
-    def on_signal(signum, _frame):
-        # A second SIGINT exits at once; one within a second of the first is the same Ctrl-C
-        # delivered twice (to the process and to its group, as `timeout -s INT` does).
-        if received and signum == signal.SIGINT and time.monotonic() - received[0][1] > 1.0:
-            print("second Ctrl-C: exiting now without a checkpoint", file=sys.stderr, flush=True)
-            os._exit(130)
-        if received:
-            return
-        received.append((signum, time.monotonic()))
-        hint = " (Ctrl-C again exits at once)" if signum == signal.SIGINT else ""
-        doing = "stopping (--deterministic: no new checkpoint)" if args.deterministic else "checkpointing and stopping"
-        print(f"{signal.Signals(signum).name}: {doing}{hint}", flush=True)
-        run.signum = signum
-        run.preempt.set()
-
-    stop_signals = [signal.SIGINT, signal.SIGTERM, signal.SIGUSR1]
-    previous = {}
-    if threading.current_thread() is threading.main_thread():
-        previous = {s: signal.signal(s, on_signal) for s in stop_signals}
-    start_time = time.time()
-    threads = [supervised(f"actor-{d.id}-{k}", actor, i, d)
-               for i, (d, k) in enumerate((d, k) for d in actor_devices for k in range(args.num_actor_threads))]
-    threads.append(supervised("learner", run_learner, run, state, update_fn, lr_schedule, learner_key,
-                              collections.deque(map(tuple, episodes), maxlen=20)))
-    if lead and args.eval_interval:
-        threads.insert(0, supervised("evaluator", run_evaluator, run, Evaluator(args, agent, spec, eval_seed),
-                                     actor_devices[0], actors_stop))
-    try:
-        for t in threads:
-            t.start()
-        while threads[-1].is_alive() and not run.stop.is_set():
-            threads[-1].join(0.2)
-    finally:
-        run.stop.set()
-        deadline = time.monotonic() + 10  # threads poll the stop event every 0.1 s; one stuck in native code is left
-        for t in threads:
-            t.join(timeout=max(0.0, deadline - time.monotonic()))
-        for s, handler in previous.items():
-            signal.signal(s, handler)
-        run.logger.close()
-        checkpointer.close()
-    if errors:
-        name, error = errors[0]
-        others = f" (process {setup.process_id} of {setup.num_processes}: if this is a failed collective, another " \
-                 "process ended first; its output has the cause)" if setup.num_processes > 1 else ""
-        raise RunFailed(f"{name} failed: {error!r}{others}") from error
-    summary = run.summary
-    elapsed = time.time() - start_time - summary.get("final_eval", {}).get("time_s", 0.0)  # training alone
-    summary.update(elapsed_s=elapsed, sps=(summary["global_step"] - start_update * setup.batch_size) / elapsed,
-                   run_dir=str(run_dir))
-    if lead:
-        (run_dir / "summary.json").write_text(json.dumps(summary, indent=2))
-        status = f"stopped by {summary['interrupted_by']}" if "interrupted_by" in summary else "done"
-        ret = summary["episodic_return_mean"]
-        print(f"{status}: {summary['global_step']} env steps, {elapsed:.1f}s this session ({summary['sps']:.0f} SPS), "
-              f"episodic return {'n/a (no game finished)' if ret is None else f'{ret:.1f}'}; "
-              f"checkpoint {summary.get('checkpoint')}")
-    return summary
+    supervisor = Supervisor(run.stop)
+    run.add_evaluator(supervisor, agent, spec)
+    for i, (device, k) in enumerate((d, k) for d in placement.actor_devices for k in range(args.num_actor_threads)):
+        supervisor.add(f"actor-{device.id}-{k}", actor, i, device)
+    learner = supervisor.add("learner", run_learner, run, state, update_fn, lr_schedule, learner_key)
+    return run.launch(supervisor, learner)
 
 
 def cli(argv: list[str] | None = None) -> int:
-    """Command-line entry point; returns the exit code (docs/reliability.md):
-    0 finished, 1 a thread failed or stalled, 2 bad configuration, 128 + signal number when
-    SIGINT (130), SIGTERM (143) or SIGUSR1 (138) stopped the run after a checkpoint."""
-    args = tyro.cli(Args, args=argv)
-    # EnvPool's specs build gymnasium Boxes from float64 bounds; the cast warning is noise.
-    warnings.filterwarnings("ignore", message=".*precision lowered by casting to float32", category=UserWarning)
-    try:
-        summary = main(args)
-    except ConfigError as error:
-        print(f"error: {error}", file=sys.stderr)
-        return 2
-    except RunFailed as error:  # the original traceback was printed by its thread
-        print(f"error: {error}", file=sys.stderr, flush=True)
-        sys.stdout.flush()
-        os._exit(1)  # a thread stuck inside a native call (EnvPool, XLA) must not keep the process alive
-    return 128 + getattr(signal, summary["interrupted_by"]) if "interrupted_by" in summary else 0
+    """Command-line entry point; returns the exit code (docs/reliability.md): 0 finished, 1 a
+    thread failed or stalled, 2 bad configuration, 128 + signal number when a stop signal
+    ended the run after a checkpoint."""
+    return run_cli(Args, main, argv)
 
 
 if __name__ == "__main__":

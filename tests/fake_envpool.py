@@ -8,7 +8,10 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from sebulba.ppo_envpool import Agent, Args, ParamsSlot, RolloutAssembler, RunningMoments, make_policy_fn, run_actor
+from sebulba.networks import RunningMoments, make_policy_fn
+from sebulba.ppo_envpool import Agent, Args, run_actor
+from sebulba.rollouts import RolloutAssembler
+from sebulba.threads import ParamsSlot
 
 
 class ScriptedPool:

@@ -10,9 +10,11 @@ import numpy as np
 import pytest
 
 from fake_envpool import ScriptedPool, drive_actor
-from sebulba.ppo_envpool import (Agent, Args, ParamsSlot, RolloutAssembler, RunningMoments, make_policy_fn,
-                                 normalize_advantages,
-                                 prepare_transitions, run_actor)
+from sebulba.envs import env_segments
+from sebulba.networks import RunningMoments, make_policy_fn
+from sebulba.ppo_envpool import Agent, Args, normalize_advantages, prepare_transitions, run_actor
+from sebulba.rollouts import RolloutAssembler
+from sebulba.threads import ParamsSlot
 
 
 def round_robin(num_envs, batch_size, n):
@@ -153,3 +155,10 @@ def test_policy_lag_stays_within_the_bound_and_zero_means_synchronous(max_policy
         assert (lags[:, 1:] == 0).all() and (lags[1:, 0] == 1).all()
         # Rollout g takes recvs g*T+1 .. (g+1)*T+1; during update g only its first action is in flight.
         assert recvs_at_publish[:-1] == [(g + 1) * num_steps + 2 for g in range(num_rollouts - 1)]
+
+
+def test_deterministic_env_segments_restart_at_every_checkpoint_interval():
+    assert env_segments(0, 10, True, 4) == [(0, 4), (4, 8), (8, 10)]
+    assert env_segments(8, 10, True, 4) == [(8, 10)]
+    assert env_segments(6, 13, True, 4) == [(6, 8), (8, 12), (12, 13)]  # resumed from a non-boundary (a longer run)
+    assert env_segments(0, 10, False, 4) == [(0, 10)]

@@ -6,17 +6,22 @@ import math
 import sys
 from pathlib import Path
 
+import envpool
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
 import rlax
+import tyro
 from jax.sharding import PartitionSpec as P
 
 import sebulba.impala_envpool as impala
 import sebulba.ppo_envpool as ppo
-from sebulba.ppo_envpool import (Agent, Minibatch, Placement, RolloutAssembler, RunningMoments, entropy, log_prob,
-                                 make_policy_fn, ppo_loss, prepare_transitions, sample_action)
+from sebulba.config import normalization
+from sebulba.devices import Placement
+from sebulba.networks import RunningMoments, entropy, log_prob, make_policy_fn, sample_action
+from sebulba.ppo_envpool import Agent, Minibatch, ppo_loss, prepare_transitions
+from sebulba.rollouts import RolloutAssembler
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "scripts"))
 import evaluate
@@ -59,7 +64,7 @@ def test_ppo_loss_with_a_gaussian_policy_by_hand():
 
 
 def test_actions_are_clipped_when_sent_but_the_loss_sees_the_sample():
-    space = ppo.envpool.make_spec("InvertedPendulum-v4").action_space  # Box(-3, 3, (1,))
+    space = envpool.make_spec("InvertedPendulum-v4").action_space  # Box(-3, 3, (1,))
     agent = Agent(1, (), (), atari=False, continuous=True)  # no hidden layer: mean = obs @ W + b
     params = agent.init(jax.random.PRNGKey(0), jnp.zeros((1, 2)))
     params = jax.tree.map(jnp.zeros_like, params)
@@ -117,12 +122,13 @@ PRESET = ["--env-id", "InvertedPendulum-v4", "--local-num-envs", "8", "--num-ste
           "--clip-coef", "0.2", "--ent-coef", "0.0"]
 
 
+@pytest.mark.slow
 def test_inverted_pendulum_preset_learns_and_evaluate_uses_the_saved_statistics(capsys):
     # The MuJoCo preset (docs/ppo_envpool.md) with a fixed seed, 40 updates = 81,920 env steps
     # (well within the 300k target): obs normalisation and reward scaling are on by default.
-    args = ppo.tyro.cli(ppo.Args, args=[*PRESET, "--total-timesteps", "81920", "--run-name", "pendulum",
-                                        "--log-frequency", "20", "--eval-episodes", "4"])
-    assert ppo.normalization(args) == (True, True)
+    args = tyro.cli(ppo.Args, args=[*PRESET, "--total-timesteps", "81920", "--run-name", "pendulum",
+                                    "--log-frequency", "20", "--eval-episodes", "4"])
+    assert normalization(args.env_id, args.norm_obs, args.norm_reward) == (True, True)
     summary = ppo.main(args)
     assert summary["episodic_return_mean"] >= 500, summary
     assert summary["final_eval"]["episodic_return_mean"] >= 500, summary["final_eval"]
@@ -138,8 +144,9 @@ def test_inverted_pendulum_preset_learns_and_evaluate_uses_the_saved_statistics(
     assert json.loads((run / "config.json").read_text())["args"]["norm_obs"] is None  # auto, resolved per task
 
 
+@pytest.mark.slow
 def test_impala_acts_on_box_actions(capsys):
-    summary = impala.main(impala.tyro.cli(impala.Args, args=[
+    summary = impala.main(tyro.cli(impala.Args, args=[
         "--env-id", "InvertedPendulum-v4", "--local-num-envs", "4", "--num-steps", "16", "--num-actor-threads", "1",
         "--hiddens", "16", "--total-timesteps", str(4 * 16 * 3), "--eval-episodes", "2", "--run-name", "impala-box"]))
     assert summary["updates"] == 3 and summary["final_eval"]["episodic_length_mean"] > 0
@@ -147,5 +154,5 @@ def test_impala_acts_on_box_actions(capsys):
 
 
 def test_normalisation_is_on_by_default_for_mujoco_only():  # bad values: tests/test_config.py
-    assert ppo.normalization(ppo.Args(env_id="CartPole-v1")) == (False, False)
-    assert ppo.normalization(ppo.Args(env_id="HalfCheetah-v4", norm_reward=False)) == (True, False)
+    assert normalization("CartPole-v1", None, None) == (False, False)
+    assert normalization("HalfCheetah-v4", None, False) == (True, False)

@@ -1,5 +1,6 @@
 """Multi-process runs on one machine: jax.distributed over local processes, CPU collectives
-through gloo (issue: multi-node Sebulba; case K13). Each test starts real processes."""
+through gloo (multi-node Sebulba). Each test starts real processes. The multi-process runtime is
+shared, so each test runs one script; each script has one two-process smoke test."""
 
 import json
 import os
@@ -12,13 +13,12 @@ from pathlib import Path
 
 import pytest
 
-from sebulba.ppo_envpool import Args, Cluster, ConfigError, detect_cluster, resolve
+from sebulba.config import Cluster, ConfigError, RunFlags, detect_cluster, resolve_run
 
 ROOT = Path(__file__).resolve().parents[1]
 FLAGS = ["--env-id", "CartPole-v1", "--local-num-envs", "8", "--num-steps", "16", "--num-actor-threads", "1",
          "--hiddens", "16", "--log-frequency", "2", "--actor-device-ids", "0", "--learner-device-ids", "1",
          "--distributed"]
-SCRIPTS = ["ppo_envpool", "impala_envpool"]
 UPDATES = 4
 TOTAL = ["--total-timesteps", str(2 * 8 * 16 * UPDATES)]  # two processes x 8 envs x 16 steps per update
 
@@ -28,10 +28,12 @@ TOTAL = ["--total-timesteps", str(2 * 8 * 16 * UPDATES)]  # two processes x 8 en
 RECORD = """
 import hashlib, os, sys
 import jax
+import sebulba.checkpoints, sebulba.runtime
+from sebulba.devices import host
 flag = sys.argv.index("--process-id") + 1 if "--process-id" in sys.argv else None
 pid = sys.argv[flag] if flag else os.environ.get("JAX_PROCESS_ID", os.environ.get("SLURM_PROCID", "0"))
 def sha(params):
-    return hashlib.sha256(b"".join(ppo.host(x).tobytes() for x in jax.tree.leaves(params))).hexdigest()
+    return hashlib.sha256(b"".join(host(x).tobytes() for x in jax.tree.leaves(params))).hexdigest()
 def record(kind, value):
     with open(f"{kind}_{pid}.txt", "a") as f:
         f.write(f"{value}\\n")
@@ -45,7 +47,8 @@ def make_update_fn(*a, **k):
         return state, metrics
     return recorded
 ppo.make_update_fn = make_update_fn
-real_save, real_restore = ppo.Checkpointer.save, ppo.Checkpointer.restore_state
+Checkpointer = sebulba.checkpoints.Checkpointer
+real_save, real_restore = Checkpointer.save, Checkpointer.restore_state
 def save(self, update, state, meta):
     real_save(self, update, state, meta)
     record("saved", f"{update} {sha(state.params)}")
@@ -56,11 +59,11 @@ def restore_state(self, update, like):
     state = real_restore(self, update, like)
     record("restored", f"{update} {sha(state.params)}")
     return state
-ppo.Checkpointer.save, ppo.Checkpointer.restore_state = save, restore_state
+Checkpointer.save, Checkpointer.restore_state = save, restore_state
 """
 ACTOR_FAULT = """
 if pid == "1":
-    real_make = ppo.make_envs
+    real_make = sebulba.runtime.make_envs
     class Faulty:
         def __init__(self, pool): self.pool, self.calls = pool, 0
         def recv(self):
@@ -69,7 +72,7 @@ if pid == "1":
                 raise RuntimeError("injected EnvPool fault in process 1")
             return self.pool.recv()
         def __getattr__(self, name): return getattr(self.pool, name)
-    ppo.make_envs = lambda *a, **k: Faulty(real_make(*a, **k))
+    sebulba.runtime.make_envs = lambda *a, **k: Faulty(real_make(*a, **k))
 """
 
 
@@ -112,15 +115,16 @@ def check_two_process_run(name: str, outputs: list[tuple[int, str]]):
     assert "process(es)" in outputs[0][1] and "process(es)" not in outputs[1][1]  # process 0 alone reports
 
 
-@pytest.mark.parametrize("script", SCRIPTS)
-def test_two_processes_with_explicit_coordinator_share_one_learner_mesh(script):
+@pytest.mark.slow
+def test_two_processes_with_explicit_coordinator_share_one_learner_mesh(script="impala_envpool"):
     port = free_port()
     procs = [start([*FLAGS, *TOTAL, "--track", "--run-name", "explicit", "--coordinator-address", f"127.0.0.1:{port}",
                     "--num-processes", "2", "--process-id", str(i)], {}, script=script) for i in range(2)]
     check_two_process_run("explicit", finish(procs))
 
 
-def test_two_processes_from_a_slurm_step_environment():
+@pytest.mark.slow
+def test_two_processes_from_a_slurm_step_environment():  # on the PPO script
     job = str(random.randint(1, 10**6))
     slurm = {"SLURM_JOB_ID": job, "SLURM_STEP_NODELIST": "127.0.0.1", "SLURM_NTASKS": "2"}
     procs = [start([*FLAGS, *TOTAL, "--track"], {**slurm, "SLURM_PROCID": str(i), "SLURM_LOCALID": str(i)})
@@ -128,9 +132,9 @@ def test_two_processes_from_a_slurm_step_environment():
     check_two_process_run(f"CartPole-v1__ppo_envpool__1__slurm{job}", finish(procs))
 
 
-@pytest.mark.parametrize("script", SCRIPTS)
-def test_launch_local_runs_a_save_kill_relaunch_cycle_bit_for_bit(script):
-    """K13: save at update 2, kill both processes, relaunch: both restore exactly the saved
+@pytest.mark.slow
+def test_launch_local_runs_a_save_kill_relaunch_cycle_bit_for_bit(script="ppo_envpool"):
+    """Save at update 2, kill both processes, relaunch: both restore exactly the saved
     parameters and the counters continue."""
     launcher = [sys.executable, str(ROOT / "scripts" / "launch_local.py"), "-n", "2", "--grace-s", "30", "--"]
     flags = [*FLAGS, *TOTAL, "--checkpoint-interval", "2", "--run-name", "relaunched"]
@@ -151,8 +155,8 @@ def test_launch_local_runs_a_save_kill_relaunch_cycle_bit_for_bit(script):
     assert alone.returncode == 2 and "written with 2 process(es) (now 1)" in alone.stdout, alone.stdout[-2000:]
 
 
-@pytest.mark.parametrize("script", SCRIPTS)
-def test_a_failure_in_one_process_ends_every_process(script):
+@pytest.mark.slow
+def test_a_failure_in_one_process_ends_every_process(script="impala_envpool"):
     port = free_port()
     start_time = time.monotonic()
     procs = [start([*FLAGS, "--total-timesteps", "100000", "--run-name", "fault", "--coordinator-address",
@@ -170,30 +174,31 @@ def test_k10_a_partial_slurm_environment_runs_as_one_process(monkeypatch, capsys
                 "JAX_NUM_PROCESSES", "JAX_PROCESS_ID"):
         monkeypatch.delenv(var, raising=False)
     monkeypatch.setenv("SLURM_JOB_ID", "77")
-    cluster = detect_cluster(Args(distributed=True))
+    cluster = detect_cluster(RunFlags(distributed=True))
     assert cluster == Cluster(slurm_job_id="77")
     assert "running as a single process" in capsys.readouterr().out
     monkeypatch.delenv("SLURM_JOB_ID")
     with pytest.raises(ConfigError, match="--distributed needs a SLURM step"):
-        detect_cluster(Args(distributed=True))
+        detect_cluster(RunFlags(distributed=True))
     with pytest.raises(ConfigError, match="also needs --num-processes and --process-id"):
-        detect_cluster(Args(distributed=True, coordinator_address="127.0.0.1:1234"))
+        detect_cluster(RunFlags(distributed=True, coordinator_address="127.0.0.1:1234"))
     with pytest.raises(ConfigError, match="--process-id=2 must be in 0..1"):
-        detect_cluster(Args(distributed=True, coordinator_address="h:1", num_processes=2, process_id=2))
+        detect_cluster(RunFlags(distributed=True, coordinator_address="h:1", num_processes=2, process_id=2))
     with pytest.raises(ConfigError, match="same --run-name"):
-        resolve(Args(env_id="CartPole-v1", distributed=True), Cluster(2, 0, "h:1"))
+        resolve_run(RunFlags(env_id="CartPole-v1", distributed=True), 16, Cluster(2, 0, "h:1"))
 
 
 def test_global_batch_arithmetic():
-    s = resolve(Args(env_id="CartPole-v1", local_num_envs=8, num_steps=16, num_actor_threads=2,
-                     learner_device_ids=[1, 2], total_timesteps=100_000, run_name="x"), Cluster(3, 1, "h:1"))
+    s = resolve_run(RunFlags(env_id="CartPole-v1", local_num_envs=8, num_actor_threads=2, learner_device_ids=[1, 2],
+                             total_timesteps=100_000, run_name="x"), 16, Cluster(3, 1, "h:1"))
     assert (s.num_envs_total, s.batch_size, s.envs_per_learner) == (3 * 2 * 8, 3 * 2 * 8 * 16, 8)
     assert s.num_actor_threads_total == 2 and s.num_updates == 100_000 // (3 * 2 * 8 * 16)
     with pytest.raises(ConfigError, match=r"smaller than one batch \(768"):
-        resolve(Args(env_id="CartPole-v1", local_num_envs=8, num_steps=16, num_actor_threads=2,
-                     total_timesteps=500, run_name="x"), Cluster(3, 1, "h:1"))
+        resolve_run(RunFlags(env_id="CartPole-v1", local_num_envs=8, num_actor_threads=2, total_timesteps=500,
+                             run_name="x"), 16, Cluster(3, 1, "h:1"))
 
 
+@pytest.mark.slow
 def test_a_stop_signal_on_one_process_stops_every_process_at_the_same_update():
     port = free_port()
     procs = [start([*FLAGS, "--total-timesteps", "100000", "--run-name", "signalled", "--log-frequency", "1",
@@ -214,4 +219,4 @@ def test_a_stop_signal_on_one_process_stops_every_process_at_the_same_update():
 
 def test_coordinator_flags_without_distributed_are_refused():
     with pytest.raises(ConfigError, match="--num-processes, --process-id only apply with --distributed"):
-        detect_cluster(Args(num_processes=2, process_id=0))
+        detect_cluster(RunFlags(num_processes=2, process_id=0))

@@ -8,7 +8,10 @@ import numpy as np
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 from fake_envpool import drive_actor
-from sebulba.ppo_envpool import Args, env_settings, main, make_envs
+import pytest
+
+from sebulba.envs import env_settings, make_envs
+from sebulba.ppo_envpool import Args, main
 
 # The documented CartPole preset (README.md, docs/ppo_envpool.md).
 CARTPOLE_PRESET = dict(env_id="CartPole-v1", total_timesteps=100_000, local_num_envs=8, num_steps=32,
@@ -31,8 +34,7 @@ class ElapsedStepInObs:
 
 
 def test_cartpole_async_trajectories_are_consecutive_per_env():
-    args = Args(env_id="CartPole-v1")
-    pool = ElapsedStepInObs(make_envs(args, num_envs=8, batch_size=2, seed=3, num_threads=2))
+    pool = ElapsedStepInObs(make_envs("CartPole-v1", num_envs=8, batch_size=2, seed=3, num_threads=2))
     rollouts, error = drive_actor(pool, batch_size=2, num_steps=32, num_rollouts=6, obs_dim=5, num_actions=2)
     pool.close()
     assert error is None and len(rollouts) == 6
@@ -51,12 +53,12 @@ def test_cartpole_async_trajectories_are_consecutive_per_env():
 
 def test_the_network_sizes_its_output_from_the_training_envs_action_space():
     """Atari trains on the full action space (18 actions); EnvPool's default Breakout spec has 4."""
-    args = Args(env_id="Breakout-v5")
-    envs = make_envs(args, num_envs=2, batch_size=2, seed=0, num_threads=1)
-    assert envpool.make_spec(args.env_id, **env_settings(args)).action_space.n == envs.action_space.n == 18
+    envs = make_envs("Breakout-v5", num_envs=2, batch_size=2, seed=0, num_threads=1)
+    assert envpool.make_spec("Breakout-v5", **env_settings("Breakout-v5")).action_space.n == envs.action_space.n == 18
     envs.close()
 
 
+@pytest.mark.slow
 def test_breakout_a0_l123_tiny_run_finishes(capsys):
     args = Args(env_id="Breakout-v5", actor_device_ids=[0], learner_device_ids=[1, 2, 3], num_actor_threads=1,
                 local_num_envs=6, async_batch_size=3, num_steps=8, num_minibatches=2, update_epochs=1,
@@ -74,6 +76,7 @@ def test_breakout_a0_l123_tiny_run_finishes(capsys):
     assert "final eval at update 3 (sampled actions): return" in out
 
 
+@pytest.mark.slow
 def test_cartpole_preset_learns():
     """The mean return of the last 20 games reaches 450 within 500k env steps (the preset runs
     100k) and the run ends far above a random policy (~20). --deterministic makes the run
@@ -86,6 +89,7 @@ def test_cartpole_preset_learns():
     assert summary["global_step"] <= 500_000 and summary["episodic_return_mean"] >= 200
 
 
+@pytest.mark.slow
 def test_metrics_reach_tensorboard_and_offline_wandb():
     # Two actor devices with two threads each (a0,1-l2,3): four pools feed every update.
     main(Args(env_id="CartPole-v1", local_num_envs=8, num_steps=16, num_actor_threads=2, total_timesteps=8 * 16 * 4 * 4,

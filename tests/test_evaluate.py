@@ -9,8 +9,16 @@ import numpy as np
 import pytest
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
+import envpool
+import tyro
+
 import sebulba.impala_envpool as impala
 import sebulba.ppo_envpool as ppo
+from sebulba.checkpoints import Checkpointer
+from sebulba.devices import Placement
+from sebulba.evaluation import EVAL_SEED_OFFSET
+
+pytestmark = pytest.mark.slow
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "scripts"))
 import evaluate
@@ -20,7 +28,7 @@ FLAGS = ["--env-id", "CartPole-v1", "--local-num-envs", "8", "--num-steps", "32"
 
 
 def train(module, name: str, total: int, *flags: str) -> Path:
-    module.main(module.tyro.cli(module.Args, args=[*FLAGS, *flags, "--total-timesteps", str(total),
+    module.main(tyro.cli(module.Args, args=[*FLAGS, *flags, "--total-timesteps", str(total),
                                                    "--run-name", name, "--checkpoint-interval", "2"]))
     return Path("runs") / name
 
@@ -33,15 +41,15 @@ def test_printed_numbers_match_a_recomputation_from_the_same_seed(capsys):
     assert json.loads(capsys.readouterr().out) == result
     assert result["checkpoint"] == 12 and result["policy"] == "greedy"
     # Recompute without the script's code path: restore the saved params through the training
-    # script's own checkpointer, step a plain EnvPool pool with the same seed, argmax op by op.
+    # shared checkpointer, step a plain EnvPool pool with the same seed, argmax op by op.
     args = ppo.Args(**json.loads((run / "config.json").read_text())["args"])
     agent = ppo.Agent(2, (), (64, 64), False)
     device = jax.devices()[0]
-    placement = ppo.Placement([device], [device])
+    placement = Placement([device], [device])
     like, _ = ppo.make_train_state(args, ppo.resolve(args), agent.init(jax.random.PRNGKey(0), np.zeros((1, 4))),
                                    placement)
-    params = ppo.Checkpointer(run / "checkpoints").restore_state(12, like).params
-    envs = ppo.envpool.make("CartPole-v1", env_type="gymnasium", num_envs=5, batch_size=5, seed=3, num_threads=2)
+    params = Checkpointer(run / "checkpoints").restore_state(12, like).params
+    envs = envpool.make("CartPole-v1", env_type="gymnasium", num_envs=5, batch_size=5, seed=3, num_threads=2)
     obs, _ = envs.reset()
     returns, lengths, finished = np.zeros(5), np.zeros(5, int), np.zeros(5, bool)
     while not finished.all():
@@ -73,7 +81,7 @@ def test_eval_thread_logs_eval_metrics_and_the_final_evaluation_matches_evaluate
     assert f"eval at update {periodic[0]} (sampled actions): return" in out
     assert "final eval at update 16 (sampled actions): return" in out
     # The final evaluation is scripts/evaluate.py's protocol with the eval pool's seed, recorded in the summary.
-    assert summary["final_eval"]["params_version"] == 16 and summary["final_eval"]["seed"] == 1 + ppo.EVAL_SEED_OFFSET
+    assert summary["final_eval"]["params_version"] == 16 and summary["final_eval"]["seed"] == 1 + EVAL_SEED_OFFSET
     again = evaluate.main([str(run), "--episodes", "3", "--seed", str(summary["final_eval"]["seed"]), "--json"])
     assert summary["final_eval"]["episodic_return_mean"] == pytest.approx(again["return_mean"])
     assert summary["final_eval"]["episodic_length_mean"] == pytest.approx(again["length_mean"])
@@ -112,7 +120,7 @@ def test_video_has_one_frame_per_step_of_the_recorded_episodes(env_id, capsys):
             "--num-minibatches", "1", "--update-epochs", "1", "--channels", "4", "8", "--hiddens", "16",
             "--learner-device-ids", *learners, "--total-timesteps", "48", "--run-name", "tiny", "--log-frequency",
             "1000", "--eval-episodes", "0"]
-    module.main(module.tyro.cli(module.Args, args=tiny))
+    module.main(tyro.cli(module.Args, args=tiny))
     capsys.readouterr()
     video = Path("videos") / f"{env_id}.mp4"
     # Sampled actions (the default): an untrained greedy Breakout policy may never press FIRE.

@@ -9,10 +9,14 @@ import optax
 import pytest
 import rlax
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
-from test_learner import make_rollout  # ppo_envpool's Rollout: the same NamedTuple (tests/test_shared_blocks.py)
+from test_learner import make_rollout  # the shared Rollout (sebulba/rollouts.py)
 
-from sebulba.impala_envpool import (Agent, Args, ConfigError, LearnerState, Placement, Rollout, RunningMoments,
-                                    impala_loss, main, make_update_fn, resolve, vtrace)
+from sebulba.config import ConfigError
+from sebulba.devices import Placement
+from sebulba.impala_envpool import Agent, Args, impala_loss, main, make_update_fn, resolve, vtrace
+from sebulba.learner import LearnerState
+from sebulba.networks import RunningMoments
+from sebulba.rollouts import Rollout
 
 FRESH = dict(obs_moments=RunningMoments.create(()), return_moments=RunningMoments.create(()))  # normalisers off
 
@@ -135,13 +139,14 @@ def test_k08_two_learner_devices_take_the_step_of_one_device_on_the_whole_batch(
     (dict(optimizer="sgd"), r"--optimizer sgd: use rmsprop or adam"),
     (dict(vtrace_lambda=1.5), r"--vtrace-lambda=1.5 must be in \(0, 1\]"),
     (dict(rho_clip=0.0), r"--rho-clip=0.0 must be positive"),
-    (dict(local_num_envs=6, learner_device_ids=[0, 1, 2, 3]), r"not divisible by 4 learner devices; use 4 or 8"),
+    (dict(total_timesteps=100), r"--total-timesteps=100 is smaller than one batch"),  # the shared checks too
 ])
 def test_bad_values_are_refused(change, message):
     with pytest.raises(ConfigError, match=message):
         resolve(Args(**{**dict(env_id="CartPole-v1", local_num_envs=8, num_steps=16, total_timesteps=10_000), **change}))
 
 
+@pytest.mark.slow
 def test_cartpole_preset_learns():
     """The mean return of the last 20 games reaches 400 within 1M env steps (the preset runs
     200k) and the run ends far above a random policy (~20). --deterministic makes the run the
@@ -154,6 +159,7 @@ def test_cartpole_preset_learns():
     assert summary["episodic_return_mean"] >= 200
 
 
+@pytest.mark.slow
 def test_breakout_a0_l123_tiny_run_finishes(capsys):
     summary = main(Args(env_id="Breakout-v5", actor_device_ids=[0], learner_device_ids=[1, 2, 3], num_actor_threads=1,
                         local_num_envs=6, async_batch_size=3, num_steps=8, channels=(4, 8), hiddens=(32,),

@@ -10,8 +10,11 @@ import pytest
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
-from sebulba.ppo_envpool import (Agent, Args, LearnerState, Minibatch, Placement, Rollout, RunningMoments, make_update_fn,
-                                 normalize_advantages, prepare_transitions)
+from sebulba.devices import Placement
+from sebulba.learner import LearnerState
+from sebulba.networks import RunningMoments
+from sebulba.ppo_envpool import Agent, Args, Minibatch, make_update_fn, normalize_advantages, prepare_transitions
+from sebulba.rollouts import Rollout
 
 FRESH = dict(obs_moments=RunningMoments.create(()), return_moments=RunningMoments.create(()))  # normalisers off
 

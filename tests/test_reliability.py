@@ -1,9 +1,12 @@
-"""Supervision, stalls, signals, checkpoints and resume on real CartPole runs (case K09),
-for both scripts where their code differs (the learner's queues, the update)."""
+"""Supervision, stalls, signals, checkpoints and resume on real CartPole runs. The runtime
+(sebulba/runtime.py, threads.py, checkpoints.py) is tested once, on the PPO script; each
+script keeps one smoke test of what it wires in: a failing thread, a stop signal with resume,
+--deterministic (the IMPALA learner reads its queues differently there)."""
 
+import importlib
 import json
-import re
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -11,11 +14,17 @@ import threading
 import time
 from pathlib import Path
 
-import importlib
-
 import pytest
+import tyro
 
+import sebulba.envs
+import sebulba.evaluation
 import sebulba.ppo_envpool as ppo
+import sebulba.runtime
+from sebulba.config import ConfigError
+from sebulba.evaluation import EVAL_SEED_OFFSET
+
+pytestmark = pytest.mark.slow
 
 ROOT = Path(__file__).resolve().parents[1]
 SCRIPTS = ["ppo_envpool", "impala_envpool"]
@@ -25,7 +34,8 @@ SMALL = {"ppo_envpool": [*COMMON, "--update-epochs", "1"], "impala_envpool": COM
 
 # Patches applied inside the child process before the CLI runs.
 ACTOR_FAULT = """
-real = ppo.make_envs
+import sebulba.runtime
+real = sebulba.runtime.make_envs
 class Faulty:
     def __init__(self, pool): self.pool, self.calls = pool, 0
     def recv(self):
@@ -38,7 +48,7 @@ made = []
 def patched(*a, **k):  # only the first actor thread's pool fails
     made.append(1)
     return Faulty(real(*a, **k)) if len(made) == 1 else real(*a, **k)
-ppo.make_envs = patched
+sebulba.runtime.make_envs = patched
 """
 LEARNER_FAULT = """
 real = ppo.make_update_fn
@@ -63,9 +73,10 @@ def run_cli(flags, patch="", timeout=180, script="ppo_envpool"):
     return out, time.monotonic() - start
 
 
-@pytest.mark.parametrize("script", SCRIPTS)
-@pytest.mark.parametrize("patch, message", [(ACTOR_FAULT, "injected EnvPool fault"),
-                                            (LEARNER_FAULT, "injected learner fault")], ids=["actor", "learner"])
+# Each thread kind fails on one script: the supervisor is shared (tests/test_threads.py tests it alone).
+@pytest.mark.parametrize("patch, message, script", [(ACTOR_FAULT, "injected EnvPool fault", "ppo_envpool"),
+                                                    (LEARNER_FAULT, "injected learner fault", "impala_envpool")],
+                         ids=["actor-ppo", "learner-impala"])
 def test_k09_a_failing_thread_ends_the_run_with_its_traceback(patch, message, script):
     out, seconds = run_cli(SMALL[script] + ["--total-timesteps", "100000", "--run-name", "fault"], patch, script=script)
     assert out.returncode == 1, out.stderr[-2000:]
@@ -75,23 +86,21 @@ def test_k09_a_failing_thread_ends_the_run_with_its_traceback(patch, message, sc
     assert seconds < 60  # start-up and compilation included; the failure itself ends the run within seconds
 
 
-@pytest.mark.parametrize("script", SCRIPTS)
-def test_a_stalled_learner_is_named_not_waited_for(script):
-    out, seconds = run_cli(SMALL[script] + ["--total-timesteps", "100000", "--stall-timeout-s", "3", "--run-name",
-                                            "stall"], LEARNER_STALL, script=script)
+def test_a_stalled_learner_is_named_not_waited_for():
+    out, seconds = run_cli(SMALL["ppo_envpool"] + ["--total-timesteps", "100000", "--stall-timeout-s", "3", "--run-name",
+                                                   "stall"], LEARNER_STALL)
     assert out.returncode == 1
     # Whichever wait the actors hit first (queue full, or params too old) names the learner.
     assert re.search(r"StallError: actor thread \d .*the learner (stalled|stopped consuming)", out.stderr)
     assert seconds < 60
 
 
-@pytest.mark.parametrize("script", SCRIPTS)
-def test_k09_a_normal_run_joins_every_thread_and_closes_every_pool(monkeypatch, script):
-    module = importlib.import_module(f"sebulba.{script}")
+def test_k09_a_normal_run_joins_every_thread_and_closes_every_pool(monkeypatch):
     pools = []
-    real = module.make_envs
-    monkeypatch.setattr(module, "make_envs", lambda *a, **k: pools.append(real(*a, **k)) or pools[-1])
-    summary = module.main(module.Args(env_id="CartPole-v1", local_num_envs=8, num_steps=16, hiddens=(16,),
+    real = sebulba.envs.make_envs
+    for module in (sebulba.runtime, sebulba.evaluation):  # the actor threads' pools, the final evaluation's
+        monkeypatch.setattr(module, "make_envs", lambda *a, **k: pools.append(real(*a, **k)) or pools[-1])
+    summary = ppo.main(ppo.Args(env_id="CartPole-v1", local_num_envs=8, num_steps=16, hiddens=(16,),
                                 total_timesteps=8 * 16 * 2 * 3, run_name="clean"))
     assert summary["updates"] == 3 and "interrupted_by" not in summary
     assert len(pools) == 3 and all(p.closed for p in pools)  # two actor threads' and the final evaluation's
@@ -105,7 +114,7 @@ def start_run(flags, script="ppo_envpool"):
                             text=True, env={**os.environ, "PYTHONPATH": str(ROOT), "PYTHONUNBUFFERED": "1"})
 
 
-# The signal handling is a shared block (tests/test_shared_blocks.py): each signal on one script.
+# The signal handling is shared (sebulba/threads.py, runtime.py): each signal on one script.
 @pytest.mark.parametrize("sig, code, script", [(signal.SIGINT, 130, "ppo_envpool"), (signal.SIGTERM, 143, "impala_envpool")])
 def test_a_stop_signal_checkpoints_and_the_same_command_resumes(sig, code, script):
     total = 8 * 16 * 2 * 200
@@ -159,26 +168,20 @@ def test_resume_refuses_a_mismatched_or_unreadable_checkpoint():
     assert out.returncode == 2 and "error: cannot read checkpoint" in out.stderr
 
 
-def test_deterministic_env_segments_restart_at_every_checkpoint_interval():
-    args = ppo.Args(deterministic=True, checkpoint_interval=4)
-    assert ppo.env_segments(0, 10, args) == [(0, 4), (4, 8), (8, 10)]
-    assert ppo.env_segments(8, 10, args) == [(8, 10)]
-    assert ppo.env_segments(6, 13, args) == [(6, 8), (8, 12), (12, 13)]  # resumed from a non-boundary (a longer run)
-    assert ppo.env_segments(0, 10, ppo.Args(checkpoint_interval=4)) == [(0, 10)]
-
-
 @pytest.mark.parametrize("script", SCRIPTS)
 def test_deterministic_runs_are_bit_identical_and_a_stopped_run_resumes_into_the_same_run(script):
-    """Two runs with the same seed and layout, and a third stopped by SIGTERM between
-    checkpoints and resumed (on 2 learner devices: also checks that resuming a multi-device
-    CPU layout works), end with bit-identical parameters."""
+    """Two runs with the same seed and layout, and (PPO: the stop and resume path is shared) a
+    third stopped by SIGTERM between checkpoints and resumed (on 2 learner devices: also checks
+    that resuming a multi-device CPU layout works), end with bit-identical parameters."""
     total = 8 * 16 * 2 * 24
     module = importlib.import_module(f"sebulba.{script}")
     flags = [*SMALL[script], "--total-timesteps", str(total), "--deterministic", "--checkpoint-interval", "4",
              "--learner-device-ids", "1", "2", "--log-frequency", "1"]
-    first = module.main(module.tyro.cli(module.Args, args=[*flags, "--run-name", "first"]))
-    second = module.main(module.tyro.cli(module.Args, args=[*flags, "--run-name", "second"]))
+    first = module.main(tyro.cli(module.Args, args=[*flags, "--run-name", "first"]))
+    second = module.main(tyro.cli(module.Args, args=[*flags, "--run-name", "second"]))
     assert first["params_sha256"] == second["params_sha256"]
+    if script != "ppo_envpool":
+        return
 
     proc = start_run([*flags, "--run-name", "stopped"], script)
     lines = []
@@ -205,27 +208,27 @@ def test_deterministic_runs_are_bit_identical_and_a_stopped_run_resumes_into_the
 
 
 def test_a_stop_signal_during_the_final_evaluation_keeps_the_run_and_says_how_to_finish_it(monkeypatch, capsys):
-    real = ppo.Evaluator.__call__
+    real = sebulba.evaluation.Evaluator.__call__
 
     def signalled(self, params, stop):  # SIGTERM arrives while the final evaluation starts
         os.kill(os.getpid(), signal.SIGTERM)
         time.sleep(0.5)  # the handler runs in the main thread
         return real(self, params, stop)
 
-    monkeypatch.setattr(ppo.Evaluator, "__call__", signalled)
+    monkeypatch.setattr(sebulba.evaluation.Evaluator, "__call__", signalled)
     flags = [*SMALL["ppo_envpool"], "--total-timesteps", str(8 * 16 * 2 * 2), "--run-name", "final"]
-    summary = ppo.main(ppo.tyro.cli(ppo.Args, args=flags))
+    summary = ppo.main(tyro.cli(ppo.Args, args=flags))
     assert summary["interrupted_by"] == "SIGTERM" and "final_eval" not in summary
     assert summary["updates"] == 2 and len(summary["params_sha256"]) == 64  # trained, saved and hashed
     assert "stopped by SIGTERM" in capsys.readouterr().out
     # Evaluation flags, and --norm-obs given as its resolved value, may change on resume.
-    again = ppo.main(ppo.tyro.cli(ppo.Args, args=[*flags, "--eval-interval", "1", "--norm-obs", "False"]))
+    again = ppo.main(tyro.cli(ppo.Args, args=[*flags, "--eval-interval", "1", "--norm-obs", "False"]))
     assert again == json.loads(Path("runs/final/summary.json").read_text())
     out = capsys.readouterr().out
     assert "already finished at update 2" in out
-    assert f"python scripts/evaluate.py runs/final --episodes 10 --seed {1 + ppo.EVAL_SEED_OFFSET}" in out
-    with pytest.raises(ppo.ConfigError, match=r"--norm-obs False \(now True\)"):
-        ppo.main(ppo.tyro.cli(ppo.Args, args=[*flags, "--norm-obs", "True"]))
+    assert f"python scripts/evaluate.py runs/final --episodes 10 --seed {1 + EVAL_SEED_OFFSET}" in out
+    with pytest.raises(ConfigError, match=r"--norm-obs False \(now True\)"):
+        ppo.main(tyro.cli(ppo.Args, args=[*flags, "--norm-obs", "True"]))
 
 
 def test_many_minibatch_steps_over_two_learner_devices_do_not_stall_the_cpu_collectives():

@@ -1,0 +1,84 @@
+"""Checkpoints and resume: orbax checkpoints of a run's learner state and metadata under
+runs/<run>/checkpoints/<update>, and the check that a resumed run has the flags it was
+written with.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from pathlib import Path
+
+import jax
+import orbax.checkpoint as ocp
+
+from sebulba.config import ConfigError, RunFlags, normalization
+
+
+# Flags that may differ between a run and its resumption; every other flag must match
+# (--norm-obs and --norm-reward by their resolved values).
+RESUMABLE_FLAGS = {"track", "wandb_project_name", "wandb_entity", "log_frequency", "num_env_threads",
+                   "stall_timeout_s", "checkpoint_interval", "total_timesteps", "eval_interval", "eval_episodes",
+                   "eval_greedy", "norm_obs", "norm_reward"}
+
+
+def read_resume_meta(directory: Path, flags: RunFlags, num_processes: int = 1) -> dict | None:
+    """Metadata of the newest checkpoint in `directory`, or None for a new run. `flags` (a
+    script's Args) must match the saved ones, except RESUMABLE_FLAGS.
+
+    Raises:
+      ConfigError: the checkpoint is unreadable or was written with other flags.
+    """
+    if not directory.exists():
+        return None
+    manager = ocp.CheckpointManager(directory.absolute(), options=ocp.CheckpointManagerOptions(create=False))
+    update = manager.latest_step()
+    if update is None:
+        return None
+    try:
+        meta = manager.restore(update, args=ocp.args.Composite(meta=ocp.args.JsonRestore())).meta
+    except Exception as error:  # noqa: BLE001 - any unreadable checkpoint is the same error to the user
+        raise ConfigError(f"cannot read checkpoint {directory}/{update} ({type(error).__name__}); "
+                          "delete it or use a new --run-name") from error
+    finally:
+        manager.close()
+    saved = meta["args"]
+    now = json.loads(json.dumps(dataclasses.asdict(flags)))
+    # A deterministic run restarts its envs at every checkpoint interval: the interval is part of the run.
+    resumable = RESUMABLE_FLAGS - {"checkpoint_interval"} if flags.deterministic else RESUMABLE_FLAGS
+    differ = [f"--{k.replace('_', '-')} {saved[k]} (now {v})" for k, v in now.items()
+              if k not in resumable and k in saved and v != saved[k]]
+    was = normalization(flags.env_id, saved.get("norm_obs"), saved.get("norm_reward"))
+    now_norm = normalization(flags.env_id, flags.norm_obs, flags.norm_reward)
+    differ += [f"--{flag} {old} (now {new})" for flag, old, new in zip(("norm-obs", "norm-reward"), was,
+                                                                       now_norm) if old != new]
+    if meta.get("num_processes", 1) != num_processes:  # the global batch would change
+        differ.append(f"{meta.get('num_processes', 1)} process(es) (now {num_processes})")
+    if differ:
+        raise ConfigError(f"checkpoint {directory}/{update} was written with " + ", ".join(differ) +
+                          "; resume with the same flags or use a new --run-name")
+    return meta
+
+
+class Checkpointer:
+    """orbax checkpoints in runs/<run>/checkpoints/<update>: the LearnerState (params, optimizer
+    state, step, normalisation statistics) and JSON metadata (update and env-step counters, learner PRNG key, recent
+    episodes, W&B run id, the flags). orbax writes to a temporary directory and renames it
+    when complete, so a checkpoint half-written when the process died is never loaded. The
+    newest 3 are kept."""
+
+    def __init__(self, directory: Path):
+        self.manager = ocp.CheckpointManager(directory.absolute(), options=ocp.CheckpointManagerOptions(max_to_keep=3))
+
+    def save(self, update: int, state, meta: dict):
+        self.manager.save(update, args=ocp.args.Composite(state=ocp.args.StandardSave(state),
+                                                          meta=ocp.args.JsonSave(meta)), force=True)
+
+    def restore_state(self, update: int, like):
+        """The state saved at `update`, laid out (shapes, dtypes, shardings) like `like`."""
+        abstract = jax.tree.map(ocp.utils.to_shape_dtype_struct, like)
+        return self.manager.restore(update, args=ocp.args.Composite(state=ocp.args.StandardRestore(abstract))).state
+
+    def close(self):
+        self.manager.wait_until_finished()
+        self.manager.close()

@@ -1,0 +1,276 @@
+"""The flags every sebulba script shares, their checks and the batch arithmetic.
+
+`RunFlags` holds the run, environment, evaluation, device, distributed and checkpoint flags;
+each script's `Args` subclasses it and adds the algorithm's hyperparameters (a script may
+redeclare a field to change its default or help line). `resolve_run` checks these flags and
+derives the quantities every algorithm uses (`Setup`), before any thread or device work;
+`check_ranges` gives a script's own hyperparameters the same one-line errors. Cluster
+detection (`detect_cluster`) decides how many processes the run has; `sebulba/devices.py`
+starts them.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import os
+import time
+from dataclasses import dataclass
+
+import envpool
+
+from sebulba.envs import is_atari, is_mujoco
+
+
+class ConfigError(ValueError):
+    """A configuration that cannot work; the message says what to change."""
+
+
+@dataclass
+class RunFlags:
+    """Flags every sebulba script shares (run, environments, evaluation, devices, processes, checkpoints)."""
+
+    exp_name: str = "sebulba"
+    """experiment name, part of the default run name"""
+    seed: int = 1
+    """root seed for parameters, actions and environments"""
+    track: bool = False
+    """mirror metrics and config to Weights & Biases (set WANDB_MODE=offline to log locally)"""
+    wandb_project_name: str = "sebulba"
+    """W&B project"""
+    wandb_entity: str | None = None
+    """W&B entity (team or user); None uses your default entity"""
+    log_frequency: int = 10
+    """write metrics and one console line every this many learner updates"""
+    run_name: str | None = None
+    """run directory name under runs/; default {env_id}__{exp_name}__{seed}__{unix time}"""
+
+    env_id: str = "Breakout-v5"
+    """EnvPool task id: Atari `*-v5` (IMPALA ResNet), or a vector-observation task with discrete or Box actions (MLP)"""
+    total_timesteps: int = 50_000_000
+    """env steps to train for, summed over every env (Atari: frames = 4 x env steps)"""
+    local_num_envs: int = 64
+    """envs in each actor thread's EnvPool pool"""
+    async_batch_size: int | None = None
+    """envs returned by each `recv`; smaller than --local-num-envs so stepping and inference overlap; None = half the pool"""
+    num_env_threads: int = 0
+    """EnvPool worker threads per pool; 0 = this machine's cores divided over the actor threads"""
+    episodic_life: bool = False
+    """Atari: end a training episode at every life loss (the raw game return is still logged per game)"""
+    norm_obs: bool | None = None
+    """True: normalise observations by their running mean and std (clipped to +-10); None: True for MuJoCo tasks,
+    False otherwise; vector observations only"""
+    norm_reward: bool | None = None
+    """True: scale training rewards by the running std of the discounted return (clipped to +-10); None: True for
+    MuJoCo tasks, False otherwise; vector observations only"""
+    eval_interval: int = 0
+    """evaluate the newest params every this many updates in a separate thread on its own pool (eval/*); 0 = never"""
+    eval_episodes: int = 10
+    """episodes per evaluation (one per env of the eval pool), also of the final one in summary.json; 0 = none"""
+    eval_greedy: bool = False
+    """evaluate with the policy's mode (argmax; the Gaussian mean) instead of sampled actions (on Atari a greedy
+    policy can stall a game until the 27k-step limit)"""
+
+    actor_device_ids: list[int] = dataclasses.field(default_factory=lambda: [0])
+    """local device ids that run actor threads and policy inference"""
+    learner_device_ids: list[int] = dataclasses.field(default_factory=lambda: [0])
+    """local device ids of the learner mesh; the batch's env axis is split over them"""
+    num_actor_threads: int = 2
+    """actor threads per actor device, each with its own EnvPool pool"""
+    max_policy_lag: int = 1
+    """bound on policy lag (learner version - version that chose the action); 0 = synchronous: lockstep envs and
+    actors that wait for every update (CleanRL-style alternation, the baseline of benchmark/e2e.py)"""
+    stall_timeout_s: float = 600.0
+    """seconds without a rollout or a parameter update before the run fails as stalled"""
+    checkpoint_interval: int = 100
+    """save a checkpoint every this many updates (also at the end and on SIGINT/SIGTERM/SIGUSR1); 0 = only then"""
+    distributed: bool = False
+    """join a multi-process run (jax.distributed); an srun step is detected, elsewhere also give --coordinator-address,
+    --num-processes and --process-id or JAX_COORDINATOR_ADDRESS, JAX_NUM_PROCESSES, JAX_PROCESS_ID"""
+    coordinator_address: str | None = None
+    """--distributed outside SLURM: host:port where process 0 runs the coordinator"""
+    num_processes: int | None = None
+    """--distributed outside SLURM: processes in the run"""
+    process_id: int | None = None
+    """--distributed outside SLURM: this process's index, 0 .. num_processes - 1"""
+    deterministic: bool = False
+    """bit-identical reruns and resumes: lockstep envs, exact policy versions, env restarts at checkpoints"""
+
+
+def flag(name: str) -> str:
+    """The command-line spelling of a field: num_steps -> --num-steps."""
+    return f"--{name.replace('_', '-')}"
+
+
+def check_ranges(flags, positive=(), above_zero=(), unit_interval=(), non_negative=()):
+    """One-line errors for out-of-range fields of any flags dataclass: `positive` (integers
+    > 0), `above_zero` (floats > 0, NaN refused), `unit_interval` (in (0, 1]), `non_negative`.
+
+    Raises:
+      ConfigError: the first field out of its range, named as its flag.
+    """
+    for name in positive:
+        if getattr(flags, name) <= 0:
+            raise ConfigError(f"{flag(name)}={getattr(flags, name)} must be positive")
+    for name in above_zero:
+        if not getattr(flags, name) > 0:
+            raise ConfigError(f"{flag(name)}={getattr(flags, name)} must be positive")
+    for name in unit_interval:
+        if not 0 < getattr(flags, name) <= 1:
+            raise ConfigError(f"{flag(name)}={getattr(flags, name)} must be in (0, 1]")
+    for name in non_negative:
+        if getattr(flags, name) < 0:
+            raise ConfigError(f"{flag(name)}={getattr(flags, name)} must be >= 0")
+
+
+def nearest_multiples(value: int, divisor: int) -> str:
+    """'48 or 64': the multiples of `divisor` on either side of `value` (positive ones only)."""
+    lower = (value // divisor) * divisor
+    options = [v for v in (lower, lower + divisor) if v > 0]
+    return " or ".join(str(v) for v in options)
+
+
+def normalization(env_id: str, norm_obs: bool | None, norm_reward: bool | None) -> tuple[bool, bool]:
+    """(--norm-obs, --norm-reward) with None resolved: on for MuJoCo tasks, off otherwise."""
+    default = is_mujoco(env_id)
+    return (default if norm_obs is None else norm_obs, default if norm_reward is None else norm_reward)
+
+
+# What JAX's own SLURM detection reads (jax._src.clusters.SlurmCluster); all are set inside an `srun` step.
+SLURM_STEP_VARS = ("SLURM_JOB_ID", "SLURM_STEP_NODELIST", "SLURM_NTASKS", "SLURM_PROCID", "SLURM_LOCALID")
+
+
+@dataclass(frozen=True)
+class Cluster:
+    """The processes of this run: (1, 0) unless --distributed."""
+
+    num_processes: int = 1
+    process_id: int = 0
+    coordinator_address: str | None = None  # None under SLURM: JAX finds it
+    slurm_job_id: str | None = None
+
+
+def detect_cluster(flags: RunFlags) -> Cluster:
+    """Processes of a --distributed run, from the flags, JAX_* variables or a SLURM step.
+
+    A shell on an allocated SLURM node (SLURM_JOB_ID set, no step variables) runs as a single
+    process and says so.
+
+    Raises:
+      ConfigError: --distributed with neither SLURM nor a complete coordinator setting.
+    """
+    if not flags.distributed:
+        given = [f for f, v in (("--coordinator-address", flags.coordinator_address), ("--num-processes",
+                                 flags.num_processes), ("--process-id", flags.process_id)) if v is not None]
+        if given:
+            raise ConfigError(f"{', '.join(given)} only apply with --distributed; add it to join a multi-process run")
+        return Cluster()
+    env = os.environ
+    address = flags.coordinator_address or env.get("JAX_COORDINATOR_ADDRESS")
+    count = flags.num_processes if flags.num_processes is not None else env.get("JAX_NUM_PROCESSES")
+    index = flags.process_id if flags.process_id is not None else env.get("JAX_PROCESS_ID")
+    if (address, count, index) != (None, None, None):
+        missing = [f for f, v in (("--coordinator-address", address), ("--num-processes", count),
+                                  ("--process-id", index)) if v is None]
+        if missing:
+            raise ConfigError(f"--distributed outside SLURM also needs {' and '.join(missing)} "
+                              "(or JAX_COORDINATOR_ADDRESS, JAX_NUM_PROCESSES, JAX_PROCESS_ID)")
+        count, index = int(count), int(index)
+        if not 0 <= index < count:
+            raise ConfigError(f"--process-id={index} must be in 0..{count - 1} for --num-processes={count}")
+        return Cluster(count, index, address, env.get("SLURM_JOB_ID"))
+    if all(v in env for v in SLURM_STEP_VARS):
+        return Cluster(int(env["SLURM_NTASKS"]), int(env["SLURM_PROCID"]), None, env["SLURM_JOB_ID"])
+    if "SLURM_JOB_ID" in env:
+        missing = ", ".join(v for v in SLURM_STEP_VARS if v not in env)
+        tasks = f"; launch with srun to run all {env['SLURM_NTASKS']} tasks" if int(env.get("SLURM_NTASKS", 1)) > 1 else ""
+        print(f"--distributed: SLURM_JOB_ID is set but {missing} not (a shell on an allocated node, not an srun "
+              f"step): running as a single process{tasks}")
+        return Cluster(slurm_job_id=env["SLURM_JOB_ID"])
+    raise ConfigError("--distributed needs a SLURM step (launch with srun) or --coordinator-address, --num-processes "
+                      "and --process-id (scripts/launch_local.py sets them on one machine)")
+
+
+@dataclass(frozen=True)
+class Setup:
+    """Quantities derived once from the flags (never CLI flags). Counts are global (every
+    process) unless the name says local. A script may subclass it for its own sizes."""
+
+    run_name: str
+    async_batch_size: int
+    num_env_threads: int
+    num_actor_threads_total: int  # local: over every actor device of this process
+    num_envs_total: int  # envs feeding one update, every process
+    batch_size: int  # env steps per update, every process
+    num_updates: int
+    envs_per_learner: int
+    num_processes: int = 1
+    process_id: int = 0
+    norm_obs: bool = False  # --norm-obs / --norm-reward resolved (None: on for MuJoCo)
+    norm_reward: bool = False
+
+
+def resolve_run(flags: RunFlags, num_steps: int, cluster: Cluster = Cluster()) -> Setup:
+    """Check the shared flags and derive the batch arithmetic over every process of `cluster`
+    for rollouts of `num_steps` transitions per env.
+
+    Raises:
+      ConfigError: one line naming the flag and valid values.
+    """
+    check_ranges(flags, positive=("local_num_envs", "num_actor_threads", "total_timesteps", "log_frequency"),
+                 above_zero=("stall_timeout_s",),
+                 non_negative=("max_policy_lag", "checkpoint_interval", "eval_interval", "eval_episodes"))
+    if not flags.actor_device_ids or not flags.learner_device_ids:
+        raise ConfigError("--actor-device-ids and --learner-device-ids each need at least one id")
+    for name, ids in (("actor", flags.actor_device_ids), ("learner", flags.learner_device_ids)):
+        if len(set(ids)) != len(ids) or min(ids) < 0:
+            raise ConfigError(f"--{name}-device-ids {ids}: ids must be distinct and >= 0")
+    if flags.env_id not in envpool.list_all_envs():
+        close = difflib.get_close_matches(flags.env_id, envpool.list_all_envs(), n=3)
+        hint = f"; did you mean {', '.join(close)}?" if close else "; see envpool.list_all_envs()"
+        raise ConfigError(f"--env-id {flags.env_id} is not an EnvPool task{hint}")
+    if flags.eval_interval and not flags.eval_episodes:
+        raise ConfigError(f"--eval-interval={flags.eval_interval} needs --eval-episodes > 0")
+    norm_obs, norm_reward = normalization(flags.env_id, flags.norm_obs, flags.norm_reward)
+    if is_atari(flags.env_id) and (norm_obs or norm_reward):
+        raise ConfigError("--norm-obs and --norm-reward are for vector observations; Atari frames are scaled by 1/255 "
+                          "and rewards clipped to [-1, 1]")
+    n = flags.local_num_envs
+    lockstep = flags.deterministic or flags.max_policy_lag == 0  # every env in every recv
+    if lockstep and flags.async_batch_size not in (None, n):
+        mode = "--deterministic" if flags.deterministic else "--max-policy-lag 0 (synchronous)"
+        raise ConfigError(f"{mode} steps every env in lockstep: drop --async-batch-size or set it to "
+                          f"--local-num-envs={n}")
+    async_batch = flags.async_batch_size if flags.async_batch_size is not None else n if lockstep else max(1, n // 2)
+    if not 0 < async_batch <= n or n % async_batch:
+        raise ConfigError(f"--async-batch-size={async_batch} must divide --local-num-envs={n}; "
+                          f"use one of {[d for d in range(1, n + 1) if n % d == 0]}")
+    num_learners = len(flags.learner_device_ids)  # per process; each process feeds its own learner devices
+    if n % num_learners:
+        raise ConfigError(f"--local-num-envs={n} is not divisible by {num_learners} learner devices; "
+                          f"use {nearest_multiples(n, num_learners)}")
+    num_threads = len(flags.actor_device_ids) * flags.num_actor_threads
+    num_envs_total = cluster.num_processes * num_threads * n
+    batch_size = num_steps * num_envs_total
+    if flags.total_timesteps < batch_size:
+        raise ConfigError(f"--total-timesteps={flags.total_timesteps} is smaller than one batch ({batch_size} env steps "
+                          f"= num_steps x envs); use at least {batch_size}")
+    if flags.run_name is None and cluster.num_processes > 1 and cluster.slurm_job_id is None:
+        raise ConfigError("--distributed: give every process the same --run-name (the default contains the start time)")
+    # Under SLURM the default name is stable across requeues of the job, which then resume.
+    stamp = f"slurm{cluster.slurm_job_id}" if cluster.slurm_job_id else str(int(time.time()))
+    cores = os.cpu_count() or 1
+    return Setup(
+        run_name=flags.run_name or f"{flags.env_id.replace('/', '_')}__{flags.exp_name}__{flags.seed}__{stamp}",
+        async_batch_size=async_batch,
+        num_env_threads=flags.num_env_threads or max(1, cores // num_threads),
+        num_actor_threads_total=num_threads,
+        num_envs_total=num_envs_total,
+        batch_size=batch_size,
+        num_updates=flags.total_timesteps // batch_size,
+        envs_per_learner=num_envs_total // (cluster.num_processes * num_learners),
+        num_processes=cluster.num_processes,
+        process_id=cluster.process_id,
+        norm_obs=norm_obs,
+        norm_reward=norm_reward,
+    )

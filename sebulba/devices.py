@@ -1,0 +1,102 @@
+"""Devices: the JAX backend, virtual CPU devices, the `jax.distributed` start, and
+`Placement`, every device placement of a run (actor devices, the learner mesh, its shardings).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+from typing import Any, NamedTuple
+
+import jax
+import numpy as np
+from jax.sharding import Mesh, NamedSharding
+from jax.sharding import PartitionSpec as P
+
+from sebulba.config import Cluster, ConfigError
+
+HEARTBEAT_TIMEOUT_S = 20  # a process silent this long is dead: jax.distributed ends the others
+
+
+def setup_devices(actor_device_ids: list[int], learner_device_ids: list[int],
+                  cluster: Cluster = Cluster()) -> tuple[list[jax.Device], list[jax.Device]]:
+    """Start the JAX backend; return (this process's actor devices, the learner devices of
+    every process, process-major: the learner mesh).
+
+    Device ids are local to each process. On the CPU backend `jax_num_cpu_devices` is raised
+    to cover the largest requested id, unless the user's XLA_FLAGS already set a device count
+    (never overwritten). A multi-process cluster joins `jax.distributed` first (CPU
+    collectives through gloo); a process that dies is noticed by the others' heartbeat
+    within HEARTBEAT_TIMEOUT_S and ends them.
+
+    Raises:
+      ConfigError: a requested id does not exist on this process.
+    """
+    ids = sorted(set(actor_device_ids + learner_device_ids))
+    needed = ids[-1] + 1
+    created = False
+    if "xla_force_host_platform_device_count" not in os.environ.get("XLA_FLAGS", ""):
+        with contextlib.suppress(RuntimeError):  # the backend is already up (e.g. in tests): use what exists
+            if needed > jax.config.jax_num_cpu_devices:
+                jax.config.update("jax_num_cpu_devices", needed)
+                created = True
+    if cluster.num_processes > 1:
+        jax.config.update("jax_cpu_collectives_implementation", "gloo")
+        explicit = cluster.coordinator_address is not None  # else JAX reads the SLURM step itself
+        # local_device_ids: this process owns every GPU it names (JAX would give one per SLURM task).
+        jax.distributed.initialize(cluster.coordinator_address, cluster.num_processes if explicit else None,
+                                   cluster.process_id if explicit else None, local_device_ids=ids,
+                                   heartbeat_timeout_seconds=HEARTBEAT_TIMEOUT_S)
+    devices = jax.local_devices()
+    if needed > len(devices):
+        raise ConfigError(f"device id {needed - 1} requested but this process has {len(devices)} "
+                          f"{devices[0].platform} devices; use ids 0..{len(devices) - 1}")
+    if created and devices[0].platform == "cpu" and needed > 1:
+        print(f"no accelerator: running on {len(devices)} virtual CPU devices (jax_num_cpu_devices={needed})")
+    per_process = [jax.local_devices(process_index=p) for p in range(jax.process_count())]
+    learners = [local[i] for local in per_process for i in learner_device_ids]
+    return [devices[i] for i in actor_device_ids], learners
+
+
+class Placement:
+    """Every device placement of the script: actor devices, the learner mesh (the learner
+    devices of every process) and its shardings."""
+
+    def __init__(self, actor_devices: list[jax.Device], learner_devices: list[jax.Device]):
+        self.actor_devices = actor_devices
+        self.mesh = Mesh(np.array(learner_devices), ("learner",))
+        self.replicated = NamedSharding(self.mesh, P())
+        self.env_sharded = NamedSharding(self.mesh, P(None, "learner"))  # [T, envs, ...]: env axis split
+        self.num_local_learners = sum(d.process_index == jax.process_index() for d in learner_devices)
+
+    def to_actors(self, params) -> dict[jax.Device, Any]:
+        """One copy of the (replicated) learner `params` on each of this process's actor devices."""
+        local = jax.tree.map(lambda x: x.addressable_data(0), params)
+        return {d: jax.device_put(local, d) for d in self.actor_devices}
+
+    def replicate(self, tree):
+        """Host values, the same on every process -> arrays replicated over the learner mesh."""
+        return jax.tree.map(lambda x: jax.make_array_from_process_local_data(self.replicated, np.asarray(x)), tree)
+
+    def to_learners(self, rollouts: list[NamedTuple]) -> NamedTuple:
+        """Concatenate this process's per-thread host rollouts [T+1, N] (a `Rollout`, or any
+        NamedTuple of [T+1, N, ...] arrays) into its [T+1, K*N] part of the global batch
+        [T+1, processes*K*N], ordered so each local learner device's contiguous env slice
+        holds an equal part of every thread's envs."""
+        num_learners = self.num_local_learners
+
+        def interleave(*xs):  # K x [T+1, N, ...] -> [T+1, K*N, ...] in one copy (frames are most of the bytes)
+            (t, n), rest, k = xs[0].shape[:2], xs[0].shape[2:], len(xs)
+            local = np.empty((t, k * n) + rest, xs[0].dtype)
+            per_learner = local.reshape((t, num_learners, k, n // num_learners) + rest)
+            for i, x in enumerate(xs):
+                per_learner[:, :, i] = x.reshape((t, num_learners, n // num_learners) + rest)
+            global_shape = (t, k * n * jax.process_count()) + rest
+            return jax.make_array_from_process_local_data(self.env_sharded, local, global_shape)
+
+        return type(rollouts[0])(*[interleave(*fields) for fields in zip(*rollouts)])
+
+
+def host(x) -> np.ndarray:
+    """The value of an array replicated over the learner mesh, on the host (any process)."""
+    return np.asarray(x.addressable_data(0))

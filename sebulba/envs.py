@@ -1,0 +1,90 @@
+"""EnvPool's training protocol: which task family an id is, the env settings every script
+trains and evaluates with, the pools themselves, the check on each `recv` batch, and the
+pool lifetimes of a --deterministic run."""
+
+from __future__ import annotations
+
+import itertools
+from typing import Any
+
+import envpool
+import numpy as np
+
+
+def is_atari(env_id: str) -> bool:
+    return type(envpool.make_spec(env_id)).__name__ == "AtariEnvSpec"
+
+
+def is_mujoco(env_id: str) -> bool:
+    return envpool.registration.registry.specs[env_id][0].startswith("envpool.mujoco")  # (module, spec class, kw)
+
+
+def env_settings(env_id: str, episodic_life: bool = False) -> dict[str, Any]:
+    """EnvPool settings of the training protocol, for `make_envs` and for the spec that sizes
+    the network (Atari's full action space has 18 actions, the default spec fewer).
+
+    Atari follows the Machado et al. (2018) evaluation protocol: sticky actions (p=0.25),
+    full action space, no life-loss signal unless `episodic_life`, 108k-frame (27k-step)
+    limit, no no-op starts beyond EnvPool's minimum. Rewards come back raw; clipping for
+    training happens in `RolloutAssembler` so the raw game score stays available.
+    """
+    if not is_atari(env_id):
+        return {}
+    return dict(episodic_life=episodic_life, reward_clip=False, repeat_action_probability=0.25,
+                full_action_space=True, max_episode_steps=27_000, noop_max=1)
+
+
+def make_spec(env_id: str, episodic_life: bool = False):
+    """EnvPool's spec of `env_id` under the training protocol (observation and action spaces)."""
+    return envpool.make_spec(env_id, **env_settings(env_id, episodic_life))
+
+
+def make_envs(env_id: str, num_envs: int, batch_size: int, seed: int, num_threads: int, episodic_life: bool = False,
+              **options):
+    """EnvPool pool (gymnasium API) with the training protocol's settings, in async mode when
+    batch_size < num_envs; `options` go to envpool.make as they are (render_mode, say)."""
+    return envpool.make(env_id, env_type="gymnasium", num_envs=num_envs, batch_size=batch_size, seed=seed,
+                        num_threads=num_threads, **options, **env_settings(env_id, episodic_life))
+
+
+def check_env_ids(env_id, batch_size: int):
+    """Validate one `recv` batch's env ids.
+
+    Raises:
+      RuntimeError: the batch is empty, has the wrong size, or repeats an env id.
+    """
+    if len(env_id) != batch_size:
+        raise RuntimeError(f"EnvPool recv returned {len(env_id)} envs, expected async batch size {batch_size}; "
+                           "recv and send must strictly alternate (envpool#259)")
+    if len(np.unique(env_id)) != len(env_id):
+        raise RuntimeError(f"EnvPool recv returned duplicate env ids {env_id.tolist()} (envpool#312)")
+    return env_id
+
+
+def recv_batch(envs, batch_size: int, sort: bool = False):
+    """One `recv`, checked: (env_id [B] int32, obs [B, *obs], reward [B] raw, terminated [B],
+    truncated [B], lives [B] or None). With `sort` (--deterministic) the rows are in env-id order.
+
+    Raises:
+      RuntimeError: see `check_env_ids`.
+    """
+    obs, reward, terminated, truncated, info = envs.recv()
+    env_id = check_env_ids(np.asarray(info["env_id"]), batch_size)
+    lives = info.get("lives")
+    if sort:
+        order = np.argsort(env_id)
+        env_id, obs, reward, terminated, truncated = (x[order] for x in (env_id, obs, reward, terminated, truncated))
+        lives = None if lives is None else lives[order]
+    return env_id, obs, reward, terminated, truncated, lives
+
+
+def env_segments(start_update: int, num_updates: int, deterministic: bool,
+                 checkpoint_interval: int) -> list[tuple[int, int]]:
+    """Rollout ranges [begin, end) each served by one fresh EnvPool pool: the whole run, or
+    with --deterministic one per checkpoint interval, so a run resumed from a periodic
+    checkpoint restarts its envs exactly where the uninterrupted run did."""
+    if not deterministic or not checkpoint_interval:
+        return [(start_update, num_updates)]
+    interval = checkpoint_interval
+    cuts = [start_update, *range((start_update // interval + 1) * interval, num_updates, interval), num_updates]
+    return list(itertools.pairwise(cuts))

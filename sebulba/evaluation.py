@@ -1,0 +1,83 @@
+"""Evaluation: whole episodes with a trained policy on a pool of its own, the eval thread that
+evaluates during training (--eval-interval), and what the final evaluation and
+scripts/evaluate.py share.
+"""
+
+from __future__ import annotations
+
+import queue
+import time
+
+import jax
+import numpy as np
+
+from sebulba.envs import make_envs
+from sebulba.networks import make_policy_fn
+from sebulba.threads import ParamsSlot, Stopped, timed_put
+
+EVAL_SEED_OFFSET = 1_000_003  # evaluation pools: an env seed range of their own, far from the training pools'.
+
+
+def run_episodes(envs, policy, params, key, stop=None, record=None):
+    """One episode in each env of a synchronous pool (batch = all envs), with `policy` from
+    make_policy_fn. Returns (raw returns [N] float64, lengths [N] int64 in env steps, key), in
+    env-id order. `record(running)` is called after the reset and after every step (video);
+    `stop` is checked every step.
+
+    Raises:
+      Stopped: `stop` was set.
+    """
+    num_envs = envs.config["num_envs"]
+    returns, lengths, running = np.zeros(num_envs), np.zeros(num_envs, np.int64), np.ones(num_envs, bool)
+    obs, _ = envs.reset()
+    if record:
+        record(running)
+    while running.any():
+        if stop is not None and stop.is_set():
+            raise Stopped
+        action, env_action, _, _, key = policy(params, obs, key)
+        obs, reward, terminated, truncated, _ = envs.step(np.asarray(action if env_action is None else env_action))
+        returns += np.where(running, reward, 0.0)
+        lengths += running
+        if record:
+            record(running)  # the frame of this step, the last one included
+        running &= ~(terminated | truncated)
+    return returns, lengths, key
+
+
+class Evaluator:
+    """`episodes` whole episodes (Atari: whole games, no life-loss episodes) with the training
+    protocol's env settings on a pool of its own (one EnvPool thread), one per env, actions
+    sampled from the policy (its mode with `greedy`, --eval-greedy). Returns eval/* metrics: raw
+    episodic return mean and std, mean length in env steps, seconds taken. `close()` closes
+    the pool."""
+
+    def __init__(self, env_id: str, episodes: int, agent, action_space, greedy: bool, seed: int):
+        self.envs = make_envs(env_id, episodes, episodes, seed, num_threads=1)
+        self.policy = make_policy_fn(agent, action_space, greedy=greedy)
+        self.seed, self.key, self.greedy = seed, jax.random.PRNGKey(seed), greedy
+
+    def __call__(self, params, stop) -> dict[str, float]:
+        start = time.perf_counter()
+        returns, lengths, self.key = run_episodes(self.envs, self.policy, params, self.key, stop)
+        return {"eval/episodic_return_mean": float(returns.mean()), "eval/episodic_return_std": float(returns.std()),
+                "eval/episodic_length_mean": float(lengths.mean()), "eval/time_s": time.perf_counter() - start}
+
+    def close(self):
+        self.envs.close()
+
+
+def run_evaluator(evaluator: Evaluator, params_slot: ParamsSlot, results: queue.Queue, device: jax.Device,
+                  interval: int, start_update: int, num_updates: int, stall_timeout_s: float, stop):
+    """Eval thread: each time the learner publishes a multiple of `interval` updates (before
+    the last update, `num_updates`, which the final evaluation covers), evaluate the newest
+    params on `device` and queue the metrics, with the version evaluated, for the learner to log."""
+    version = start_update
+    try:
+        while (wanted := (version // interval + 1) * interval) < num_updates:
+            # No deadline: stalls are the actors' and the learner's to detect; `stop` ends the wait.
+            version, params = params_slot.wait(wanted, stop, float("inf"), "evaluator")
+            metrics = evaluator(params[device], stop) | {"eval/params_version": float(version)}
+            timed_put(results, metrics, stop, stall_timeout_s, "evaluator")
+    finally:
+        evaluator.close()

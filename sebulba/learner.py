@@ -1,0 +1,197 @@
+"""What every learner shares besides its loss: the learner state (`LearnerState`: params,
+optimiser state, normalisation statistics), the update of those statistics on the mesh, and
+`Bookkeeping`, what the learner thread records around its updates: the metric windows and the
+console line, the eval thread's results, periodic and final checkpoints, the run's summary,
+and the final evaluation.
+"""
+
+from __future__ import annotations
+
+import collections
+import dataclasses
+import hashlib
+import os
+import signal
+import time
+from typing import TYPE_CHECKING
+
+import jax
+import numpy as np
+from flax.training.train_state import TrainState
+from jax.sharding import Mesh
+from jax.sharding import PartitionSpec as P
+
+from sebulba.devices import host
+from sebulba.networks import RunningMoments
+from sebulba.rollouts import Rollout
+from sebulba.threads import Stopped
+
+if TYPE_CHECKING:
+    from sebulba.runtime import Run
+
+
+class LearnerState(TrainState):
+    """TrainState (params, optimiser state, step) and the running statistics of --norm-obs
+    (obs_moments, of the obs shape; scalar when off) and --norm-reward (return_moments)."""
+
+    obs_moments: RunningMoments
+    return_moments: RunningMoments
+
+
+def make_normalizer_update(norm_obs: bool, norm_reward: bool, mesh: Mesh):
+    """jit(shard_map): (obs_moments, return_moments, Rollout sharded on the env axis) -> both
+    updated with the rollout's new rows 1..T (observations; discounted returns) where
+    `norm_obs` / `norm_reward` (--norm-obs / --norm-reward, resolved) are on; the identity when
+    both are off."""
+
+    def refresh(obs_moments: RunningMoments, return_moments: RunningMoments, rollout: Rollout):
+        return (obs_moments.update(rollout.obs[1:], "learner") if norm_obs else obs_moments,
+                return_moments.update(rollout.discounted_returns[1:], "learner") if norm_reward else return_moments)
+
+    if not (norm_obs or norm_reward):
+        return lambda obs_moments, return_moments, _: (obs_moments, return_moments)
+    return jax.jit(jax.shard_map(refresh, mesh=mesh, in_specs=(P(), P(), P(None, "learner")), out_specs=P()))
+
+
+def params_sha256(params) -> str:
+    """SHA-256 of every parameter's bytes, leaves in tree order: equal hashes, equal params."""
+    leaves = [host(x) for x in jax.tree.leaves(params)]
+    return hashlib.sha256(b"".join(np.ascontiguousarray(x).tobytes() for x in leaves)).hexdigest()
+
+
+class Bookkeeping:
+    """The learner thread's records, kept apart from its loop. After each update (`record`):
+    the eval thread's results, the metric windows, a checkpoint every --checkpoint-interval
+    updates, the summary; every --log-frequency updates the metrics (means over the window
+    unless the name says min/max; see docs/ppo_envpool.md for each) go to TensorBoard / W&B and
+    one line to the console. At the end (`finish`): the last checkpoint, the final evaluation
+    and the params hash, into the summary. `run.episodes` holds (raw return, length) of the
+    last 20 finished games.
+    """
+
+    def __init__(self, run: Run, lr_schedule):
+        self.run, self.lr_schedule = run, lr_schedule
+        self.window: dict[str, list[float]] = collections.defaultdict(list)
+        self.start_time = self.cpu_start_wall = time.time()
+        self.cpu_start = sum(os.times()[:2])
+        self.update_summary(run.start_update)
+
+    def checkpoint(self, updates_done: int, state, key):  # every process takes part; orbax writes each array once
+        run = self.run
+        if run.checkpointer.manager.latest_step() == updates_done:
+            return
+        meta = dict(update=updates_done, global_step=updates_done * run.setup.batch_size, wandb_id=run.wandb_id,
+                    learner_key=host(jax.random.key_data(key)).tolist(), episodes=list(run.episodes),
+                    num_processes=run.setup.num_processes, args=dataclasses.asdict(run.flags))
+        run.checkpointer.save(updates_done, state, meta)
+        run.summary.update(checkpoint=str(run.checkpointer.manager.directory / str(updates_done)))
+
+    def update_summary(self, updates_done: int):
+        episodes = self.run.episodes
+        self.run.summary.update(
+            global_step=updates_done * self.run.setup.batch_size, updates=updates_done,
+            episodic_return_mean=float(np.mean([r for r, _ in episodes])) if episodes else None,
+            episodic_length_mean=float(np.mean([n for _, n in episodes])) if episodes else None)
+
+    def log_eval(self, metrics: dict[str, float], global_step: int, final: bool = False):
+        run = self.run
+        version = int(metrics["eval/params_version"])
+        run.logger.log(metrics | {"eval/global_step": version * run.setup.batch_size}, global_step)
+        print(f"{'final eval' if final else 'eval'} at update {version} "
+              f"({'greedy' if run.flags.eval_greedy else 'sampled'} actions): return "
+              f"{metrics['eval/episodic_return_mean']:.1f} ± {metrics['eval/episodic_return_std']:.1f}, length "
+              f"{metrics['eval/episodic_length_mean']:.1f} ({run.flags.eval_episodes} episodes, "
+              f"{metrics['eval/time_s']:.1f}s)", flush=True)
+
+    def record(self, update: int, state, key, lag, items, losses: dict[str, float], stage_times: dict[str, float]):
+        """After update `update` (0-based) produced `state` (learner PRNG key `key`): `lag` [N]
+        policy lag of every transition trained on, `items` (episode returns, episode lengths,
+        actor stats) per rollout, `losses` the update's metrics, `stage_times` the learner's
+        seconds per stage."""
+        run, setup, flags, window = self.run, self.run.setup, self.run.flags, self.window
+        while not run.eval_results.empty():
+            self.log_eval(run.eval_results.get_nowait(), (update + 1) * setup.batch_size)
+        window["policy_lag/min"].append(lag.min())
+        window["policy_lag/mean"].append(lag.mean())
+        window["policy_lag/max"].append(lag.max())
+        for returns, lengths, stats in items:
+            run.episodes.extend(zip(returns, lengths))
+            for k, v in stats.items():
+                window[f"actor/{k}"].append(v)
+        for k, v in stage_times.items():
+            window[f"learner/{k}"].append(v)
+        for k, v in losses.items():
+            window[f"losses/{k}"].append(v)
+        global_step = (update + 1) * setup.batch_size
+        if flags.checkpoint_interval and (update + 1) % flags.checkpoint_interval == 0:
+            self.checkpoint(update + 1, state, key)
+        self.update_summary(update + 1)
+        if (update + 1) % flags.log_frequency and update + 1 < setup.num_updates:
+            return
+
+        now, cpu_now = time.time(), sum(os.times()[:2])
+        steps_this_session = global_step - run.start_update * setup.batch_size
+        record = {k: float(np.mean(v)) for k, v in window.items()}
+        record["policy_lag/min"], record["policy_lag/max"] = min(window["policy_lag/min"]), max(window["policy_lag/max"])
+        learner_time = record["learner/transfer_time_s"] + record["learner/update_time_s"]
+        record |= {"charts/sps": steps_this_session / (now - self.start_time),
+                   "charts/actor_sps": record.pop("actor/actor_sps") * setup.num_actor_threads_total,
+                   "charts/learner_sps": setup.batch_size / max(learner_time, 1e-9),
+                   "charts/learning_rate": float(self.lr_schedule(state.step)),
+                   "charts/updates": update + 1,
+                   "charts/rollout_queue_size": float(np.mean([q.qsize() for q in run.queues])),
+                   "charts/cpu_utilization": (cpu_now - self.cpu_start) / ((now - self.cpu_start_wall)
+                                                                           * (os.cpu_count() or 1))}
+        if run.episodes:
+            record["charts/episodic_return"] = run.summary["episodic_return_mean"]
+            record["charts/episodic_length"] = run.summary["episodic_length_mean"]
+        window.clear()
+        self.cpu_start, self.cpu_start_wall = cpu_now, now
+        run.logger.log(record, global_step)
+        if setup.process_id:
+            return
+        eta = (now - self.start_time) / (update + 1 - run.start_update) * (setup.num_updates - update - 1)
+        ret = f"{run.summary['episodic_return_mean']:8.1f}" if run.episodes else "     n/a"
+        print(f"step {global_step:>10d} | update {update + 1}/{setup.num_updates} | sps {record['charts/sps']:7.0f} "
+              f"| return {ret} | policy lag {record['policy_lag/mean']:.2f} (max {record['policy_lag/max']:.0f}) "
+              f"| eta {eta:5.0f}s", flush=True)
+
+    def finish(self, state, key):
+        """After the learner's loop: checkpoint (unless --deterministic was stopped between
+        checkpoints: it says where the same command resumes), the final evaluation when every
+        update is done, the params hash."""
+        run, setup, summary = self.run, self.run.setup, self.run.summary
+        stopped_by = run.stopped_by
+        if stopped_by:
+            summary["interrupted_by"] = signal.Signals(stopped_by).name
+        if stopped_by and run.flags.deterministic:
+            # EnvPool cannot save env state, so only a periodic checkpoint (where the envs restart)
+            # resumes into the same run; the updates since it are redone, identically.
+            latest = run.checkpointer.manager.latest_step()
+            if not setup.process_id:
+                print(f"--deterministic: no checkpoint at update {summary['updates']}; the same command resumes from "
+                      f"{f'update {latest}' if latest is not None else 'the start'} and redoes the updates after it "
+                      "exactly")
+            summary["checkpoint"] = str(run.checkpointer.manager.directory / str(latest)) if latest is not None else None
+        else:
+            self.checkpoint(summary["updates"], state, key)
+        if not stopped_by and run.make_evaluator is not None and summary["updates"] == setup.num_updates:
+            self.final_evaluation((state.params, state.obs_moments))
+        summary["params_sha256"] = params_sha256(state.params)
+
+    def final_evaluation(self, params):
+        run, num_updates = self.run, self.run.setup.num_updates
+        params = run.placement.to_actors(params)[run.placement.actor_devices[0]]
+        start, evaluator = time.perf_counter(), run.make_evaluator()
+        try:
+            metrics = evaluator(params, run.interrupted) | {"eval/params_version": float(num_updates)}
+            metrics["eval/time_s"] = time.perf_counter() - start  # with making the pool and compiling the policy
+            self.log_eval(metrics, run.summary["global_step"], final=True)
+            run.summary["final_eval"] = {k.removeprefix("eval/"): v for k, v in metrics.items()} | {
+                "params_version": num_updates, "seed": evaluator.seed, "greedy": evaluator.greedy}
+        except Stopped:  # a stop signal during the final evaluation: training is done and saved
+            if not run.signum:
+                raise
+            run.summary["interrupted_by"] = signal.Signals(run.signum).name
+        finally:
+            evaluator.close()

@@ -1,0 +1,136 @@
+"""Agent building blocks every script shares: the IMPALA ResNet and MLP encoders, the running
+statistics of observation normalisation and reward scaling, the two action distributions
+(categorical, diagonal Gaussian), and the jitted policy function that actors and evaluation
+call. Each script's `Agent` puts its heads on these encoders.
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+
+class ResidualBlock(nn.Module):
+    channels: int
+
+    @nn.compact
+    def __call__(self, x):
+        y = nn.Conv(self.channels, (3, 3))(nn.relu(x))
+        y = nn.Conv(self.channels, (3, 3))(nn.relu(y))
+        return x + y
+
+
+class ImpalaEncoder(nn.Module):
+    """IMPALA ResNet (Espeholt et al. 2018, Fig. 3): conv, max-pool, two residual blocks per stack."""
+
+    channels: tuple[int, ...]
+    hiddens: tuple[int, ...]
+
+    @nn.compact
+    def __call__(self, obs):  # obs: [B, C, H, W] uint8 frames
+        x = jnp.transpose(obs, (0, 2, 3, 1)).astype(jnp.float32) / 255.0
+        for c in self.channels:
+            x = nn.Conv(c, (3, 3))(x)
+            x = nn.max_pool(x, (3, 3), strides=(2, 2), padding="SAME")
+            x = ResidualBlock(c)(x)
+            x = ResidualBlock(c)(x)
+        x = nn.relu(x).reshape((x.shape[0], -1))
+        for h in self.hiddens:
+            x = nn.relu(nn.Dense(h)(x))
+        return x
+
+
+class MLPEncoder(nn.Module):
+    hiddens: tuple[int, ...]
+
+    @nn.compact
+    def __call__(self, obs):  # obs: [B, D] float
+        x = obs.reshape((obs.shape[0], -1)).astype(jnp.float32)
+        for h in self.hiddens:
+            x = nn.tanh(nn.Dense(h, kernel_init=nn.initializers.orthogonal(np.sqrt(2)))(x))
+        return x
+
+
+class RunningMoments(NamedTuple):
+    """Running mean and variance of a stream of samples, each of the shape of `mean`."""
+
+    mean: jax.Array  # float32
+    var: jax.Array  # float32, population variance
+    count: jax.Array  # float32 scalar, samples seen (starts at 1e-4, as gym's RunningMeanStd)
+
+    @staticmethod
+    def create(shape) -> RunningMoments:
+        return RunningMoments(jnp.zeros(shape, jnp.float32), jnp.ones(shape, jnp.float32), jnp.float32(1e-4))
+
+    def normalize(self, x):
+        """(x - mean) / std, clipped to [-10, 10] (as CleanRL's MuJoCo PPO)."""
+        return jnp.clip((x - self.mean) / jnp.sqrt(self.var + 1e-8), -10.0, 10.0)
+
+    def update(self, x, axis_name: str) -> RunningMoments:
+        """Add the samples x [T, n, *shape] of every device on mesh axis `axis_name` (equal n
+        on each): the batch's moments in two passes over the mesh, merged with the running ones
+        by Chan et al. (1979)'s parallel rule. Inside shard_map; the result is invariant."""
+        x = x.reshape((-1,) + self.mean.shape).astype(jnp.float32)
+        count = x.shape[0] * jax.lax.psum(1, axis_name)
+        mean = jax.lax.pmean(jnp.mean(x, axis=0), axis_name)
+        var = jax.lax.pmean(jnp.mean(jnp.square(x - mean), axis=0), axis_name)
+        total = self.count + count
+        delta = mean - self.mean
+        m2 = self.var * self.count + var * count + jnp.square(delta) * self.count * count / total
+        return RunningMoments(self.mean + delta * count / total, m2 / total, total)
+
+
+# Action distributions: `policy` is logits [B, A] (categorical) or (mean, log_std) [B, A] each (diagonal Gaussian).
+
+
+def log_prob(policy, actions):
+    """log pi(a|s) [B] of actions [B] int32 (categorical) or [B, A] float32 (Gaussian, unclipped
+    sample: the env receives it clipped to the action space, the loss sees it as sampled)."""
+    if isinstance(policy, tuple):
+        mean, log_std = policy
+        z = (actions - mean) / jnp.exp(log_std)
+        return jnp.sum(-0.5 * jnp.square(z) - log_std - 0.5 * jnp.log(2 * jnp.pi), axis=-1)
+    return jnp.take_along_axis(jax.nn.log_softmax(policy), actions[..., None], axis=-1)[..., 0]
+
+
+def entropy(policy):
+    """Entropy [B] in nats."""
+    if isinstance(policy, tuple):
+        return jnp.sum(policy[1] + 0.5 * jnp.log(2 * jnp.pi * jnp.e), axis=-1)
+    logp = jax.nn.log_softmax(policy)
+    return -jnp.sum(jnp.exp(logp) * logp, axis=-1)
+
+
+def sample_action(policy, key, greedy: bool = False):
+    """An action per row: sampled, or with `greedy` the mode (argmax; the Gaussian mean)."""
+    if isinstance(policy, tuple):
+        mean, log_std = policy
+        return mean if greedy else mean + jnp.exp(log_std) * jax.random.normal(key, mean.shape)
+    return (jnp.argmax(policy, axis=-1) if greedy else jax.random.categorical(key, policy)).astype(jnp.int32)
+
+
+def make_policy_fn(agent: nn.Module, action_space=None, greedy: bool = False):
+    """jit((params, obs_moments), obs [B, *obs], key) -> (action, env action, logprob [B], value [B], key)
+    for a flax `agent` whose apply(params, obs, obs_moments) returns (policy, value [B]) and
+    whose `continuous` says which distribution `policy` parameterises.
+
+    The action is what the behaviour policy sampled ([B] int32, or [B, A] float32); the env
+    action is the same clipped to a Box `action_space`'s bounds, what `send` gets (None for
+    discrete actions: send the action; no second copy to the host). `greedy` takes the
+    policy's mode instead of sampling (evaluation)."""
+    bounds = (action_space.low, action_space.high) if agent.continuous else None
+
+    @jax.jit
+    def policy(params, obs, key):
+        params, obs_moments = params
+        dist, value = agent.apply(params, obs, obs_moments)
+        key, sample_key = jax.random.split(key)
+        action = sample_action(dist, sample_key, greedy)
+        env_action = None if bounds is None else jnp.clip(action, *bounds)
+        return action, env_action, log_prob(dist, action), value, key
+
+    return policy

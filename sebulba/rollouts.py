@@ -1,0 +1,136 @@
+"""Rollout assembly: EnvPool returns env ids in any order, so each env has its own time axis.
+
+`Rollout` is what an actor thread hands to the learner (host arrays, num_steps + 1 rows per
+env); `RolloutAssembler` writes every `recv` batch into per-env trajectories, emits complete
+rollouts in order, and keeps the raw return and length of every finished game.
+"""
+
+from __future__ import annotations
+
+import collections
+from typing import NamedTuple
+
+import numpy as np
+
+
+class Rollout(NamedTuple):
+    """num_steps + 1 rows per env. Row t holds what `recv` returned for obs_t and the action
+    taken on it; row num_steps is also row 0 of the env's next rollout.
+
+    obs [T+1, N, *obs]; actions [T+1, N] int32 or [T+1, N, A] float32 (Box: as sampled, before
+    clipping to the bounds); logprobs, values [T+1, N] float32 (behaviour policy); rewards
+    [T+1, N] float32 (training reward received *with* obs_t, i.e. of transition t-1);
+    terminated, truncated [T+1, N] bool (obs_t ended its episode); versions [T+1, N] int32
+    (params version that chose actions[t]); discounted_returns [T+1, N] float32 (discounted
+    sum of the episode's training rewards up to obs_t: --norm-reward's statistic).
+    """
+
+    obs: np.ndarray
+    actions: np.ndarray
+    logprobs: np.ndarray
+    values: np.ndarray
+    rewards: np.ndarray
+    terminated: np.ndarray
+    truncated: np.ndarray
+    versions: np.ndarray
+    discounted_returns: np.ndarray
+
+
+class RolloutAssembler:
+    """Writes each `recv` batch into per-env trajectories and emits complete rollouts.
+
+    Tracks the raw (unclipped) return and length of every real game: a game ends on
+    truncation, or on termination with no lives left (with --episodic-life a life loss
+    terminates the training episode but not the game). Envs that EnvPool runs ahead write
+    into the next rollout's buffer, never into another env's time axis.
+    """
+
+    max_pending = 8  # rollouts one env may run ahead of the slowest before we call it starvation
+
+    def __init__(self, num_envs: int, num_steps: int, obs_shape, obs_dtype, clip_rewards: bool, episodic_life: bool,
+                 first_rollout: int = 0, action_shape=(), action_dtype=np.int32, gamma: float = 0.99):
+        self.num_envs, self.num_steps = num_envs, num_steps
+        self.obs_shape, self.obs_dtype = tuple(obs_shape), obs_dtype
+        self.action_shape, self.action_dtype = tuple(action_shape), action_dtype
+        self.clip_rewards, self.episodic_life, self.gamma = clip_rewards, episodic_life, gamma
+        self.discounted_return = np.zeros(num_envs, np.float32)
+        self.generation = np.full(num_envs, first_rollout, np.int64)  # rollout index each env is writing
+        self.row = np.zeros(num_envs, np.int64)  # next row in that rollout
+        self.buffers: dict[int, Rollout] = {}
+        self.rows_done: dict[int, int] = collections.Counter()  # envs that wrote their last row
+        self.emitted = first_rollout  # index of the next rollout to complete (= rollouts emitted, on resume too)
+        self.game_return = np.zeros(num_envs, np.float64)
+        self.game_length = np.zeros(num_envs, np.int64)
+        self.prev_done = np.ones(num_envs, bool)  # the first obs after reset carries no reward
+        self.episode_returns: list[float] = []
+        self.episode_lengths: list[int] = []
+
+    def _buffer(self, generation: int) -> Rollout:
+        if generation not in self.buffers:
+            if len(self.buffers) >= self.max_pending:
+                raise RuntimeError(f"EnvPool ran some envs {self.max_pending} rollouts ahead of others; "
+                                   "env stepping is starved - use fewer envs per thread or a larger --async-batch-size")
+            shape = (self.num_steps + 1, self.num_envs)
+            self.buffers[generation] = Rollout(
+                np.zeros(shape + self.obs_shape, self.obs_dtype), np.zeros(shape + self.action_shape, self.action_dtype),
+                np.zeros(shape, np.float32), np.zeros(shape, np.float32), np.zeros(shape, np.float32),
+                np.zeros(shape, bool), np.zeros(shape, bool), np.zeros(shape, np.int32), np.zeros(shape, np.float32))
+        return self.buffers[generation]
+
+    def action_generation(self, env_id):
+        """Rollout index of the transition each env's next action starts ([B] int64): the last
+        row of rollout g is row 0 of rollout g + 1, and its action belongs to g + 1."""
+        return self.generation[env_id] + (self.row[env_id] == self.num_steps)
+
+    def min_params_version(self, env_id, max_policy_lag: int, floor: int = 0) -> int:
+        """The oldest params version that may choose the next actions of envs `env_id`: an action
+        that starts a transition of rollout g must come from params >= g - max_policy_lag, yet
+        never from one that needs this thread's own unfinished rollout (that would deadlock);
+        and at least `floor` (--deterministic: the pool's first rollout)."""
+        return max(min(int(self.action_generation(env_id).max()) - max_policy_lag, self.emitted), floor)
+
+    def add(self, env_id, obs, reward, terminated, truncated, lives, actions, logprobs, values, version: int):
+        """Record one batch (all [B] arrays, `reward` raw). Returns the rollouts completed by it,
+        each as (Rollout, episode returns, episode lengths) for games that ended since the last one."""
+        done = terminated | truncated
+        counts = ~self.prev_done[env_id]
+        self.game_return[env_id] += np.where(counts, reward, 0.0)
+        self.game_length[env_id] += counts
+        game_over = truncated | (terminated & ((lives == 0) if self.episodic_life and lives is not None else True))
+        for e in env_id[game_over]:
+            self.episode_returns.append(float(self.game_return[e]))
+            self.episode_lengths.append(int(self.game_length[e]))
+        self.game_return[env_id[game_over]] = 0.0
+        self.game_length[env_id[game_over]] = 0
+        train_reward = np.clip(reward, -1.0, 1.0) if self.clip_rewards else reward
+        continues = ~self.prev_done[env_id]  # an episode's first obs starts a new discounted return
+        self.discounted_return[env_id] = self.gamma * continues * self.discounted_return[env_id] + train_reward
+        self.prev_done[env_id] = done
+        fields = (obs, actions, logprobs, values, train_reward, terminated, truncated, version,
+                  self.discounted_return[env_id])
+
+        generations, rows = self.generation[env_id], self.row[env_id]
+        for g in np.unique(generations):
+            sel = generations == g
+            self._write(self._buffer(int(g)), rows[sel], env_id[sel], fields, sel)
+            last = sel & (rows == self.num_steps)
+            if last.any():  # the last row of rollout g is row 0 of rollout g + 1
+                self._write(self._buffer(int(g) + 1), np.zeros(int(last.sum()), np.int64), env_id[last], fields, last)
+                self.rows_done[int(g)] += int(last.sum())
+        self.row[env_id] += 1
+        wrapped = env_id[self.row[env_id] > self.num_steps]
+        self.generation[wrapped] += 1
+        self.row[wrapped] = 1
+
+        completed = []
+        while self.rows_done.get(self.emitted, 0) == self.num_envs:
+            del self.rows_done[self.emitted]
+            completed.append((self.buffers.pop(self.emitted), self.episode_returns, self.episode_lengths))
+            self.episode_returns, self.episode_lengths = [], []
+            self.emitted += 1
+        return completed
+
+    @staticmethod
+    def _write(buffer: Rollout, rows, env_ids, fields, sel):
+        for array, value in zip(buffer, fields):
+            array[rows, env_ids] = value[sel] if np.ndim(value) else value

@@ -1,0 +1,250 @@
+"""The run around a script's threads: `Run`, what the actor, learner and eval threads of one
+run share, and the steps every script's `main` takes in the same order. `Run.open` starts the
+devices, checks for a checkpoint to resume, writes the run directory and prints the layout;
+`Run.resume` restores the learner state; `Run.actor_pool` gives an actor thread its EnvPool
+pool and rollout assembler; `Run.launch` runs the threads under the supervisor and the stop
+signals and writes the summary; `run_cli` maps the outcome to the exit code.
+"""
+
+from __future__ import annotations
+
+import collections
+import contextlib
+import dataclasses
+import json
+import os
+import queue
+import signal
+import sys
+import threading
+import time
+import uuid
+import warnings
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import jax
+import numpy as np
+import tyro
+from jax.experimental.multihost_utils import process_allgather, sync_global_devices
+
+from sebulba.checkpoints import Checkpointer, read_resume_meta
+from sebulba.config import Cluster, ConfigError, RunFlags, Setup
+from sebulba.devices import Placement, setup_devices
+from sebulba.envs import env_segments, is_atari, make_envs
+from sebulba.evaluation import EVAL_SEED_OFFSET, Evaluator, run_evaluator
+from sebulba.metrics import Logger
+from sebulba.rollouts import RolloutAssembler
+from sebulba.threads import AnyEvent, ParamsSlot, RunFailed, StopSignals, Supervisor
+
+
+@dataclass
+class Run:
+    """What the threads of one run share. Process 0 alone writes the run directory, logs and
+    the console (`lead`)."""
+
+    flags: RunFlags  # the script's Args
+    setup: Setup
+    run_dir: Path
+    placement: Placement | None = None
+    checkpointer: Checkpointer | None = None
+    logger: Logger | None = None
+    meta: dict | None = None  # the checkpoint resumed from, None for a new run
+    start_update: int = 0
+    wandb_id: str | None = None
+    episodes: collections.deque = field(default_factory=lambda: collections.deque(maxlen=20))  # (raw return, length)
+    params_slot: ParamsSlot | None = None
+    queues: list[queue.Queue] = field(default_factory=list)  # actor thread i -> learner: queues[i]
+    stop: threading.Event = field(default_factory=threading.Event)  # the run ends or failed: every thread returns
+    preempt: threading.Event = field(default_factory=threading.Event)  # a stop signal: checkpoint, then end
+    eval_results: queue.Queue = field(default_factory=lambda: queue.Queue(maxsize=4))  # eval thread -> learner
+    make_evaluator: Any = None  # () -> Evaluator for the final evaluation; None: none on this process
+    summary: dict = field(default_factory=dict)
+    signum: int = 0  # the first stop signal this process received
+    stopped_by: int = 0  # the stop signal the learner acted on (agreed over every process)
+    finished: bool = False  # Run.open found the run already done: `summary` is its summary
+
+    @property
+    def lead(self) -> bool:
+        return self.setup.process_id == 0
+
+    @property
+    def interrupted(self):
+        """Set when a thread must stop waiting. With several processes, only when the learners have
+        agreed to stop (`stop`): one process alone must not leave the update loop, the others
+        would wait in a collective."""
+        return AnyEvent(self.stop, self.preempt) if self.setup.num_processes == 1 else self.stop
+
+    @classmethod
+    def open(cls, flags: RunFlags, setup: Setup, cluster: Cluster = Cluster()) -> Run:
+        """Start the devices, look for a checkpoint under runs/<run_name>/checkpoints (a finished
+        run returns with `finished` and its summary), then create the run directory, write
+        config.json and print the layout.
+
+        Raises:
+          ConfigError: a device id that does not exist, an unreadable or mismatched checkpoint.
+        """
+        run = cls(flags, setup, Path("runs") / setup.run_name)
+        actor_devices, learner_devices = setup_devices(flags.actor_device_ids, flags.learner_device_ids,
+                                                       cluster)  # first: orbax starts the JAX backend
+        run.meta = read_resume_meta(run.run_dir / "checkpoints", flags, setup.num_processes)
+        if setup.num_processes > 1:  # every process has looked for a checkpoint before any creates the directory
+            sync_global_devices("sebulba: checked for a checkpoint")
+        if run.meta is not None and run.meta["update"] >= setup.num_updates:
+            run.finished, run.summary = True, run.finished_summary()
+            return run
+        run.run_dir.mkdir(parents=True, exist_ok=True)
+        run.checkpointer = Checkpointer(run.run_dir / "checkpoints")
+        if run.lead and flags.deterministic and not flags.checkpoint_interval:
+            print("warning: --deterministic with --checkpoint-interval 0: a stop signal leaves nothing to resume from")
+        if run.lead:
+            (run.run_dir / "config.json").write_text(json.dumps({"args": dataclasses.asdict(flags),
+                                                                 "derived": dataclasses.asdict(setup)}, indent=2))
+            num_steps, per_process = setup.batch_size // setup.num_envs_total, setup.num_actor_threads_total * flags.local_num_envs
+            print(f"run {setup.run_name}{', deterministic' * flags.deterministic}: {setup.num_processes} process(es) x "
+                  f"{len(actor_devices)} actor device(s) x {flags.num_actor_threads} thread(s) x {flags.local_num_envs} "
+                  f"envs (recv batch {setup.async_batch_size}) = {setup.num_envs_total} envs; {len(learner_devices)} "
+                  f"learner device(s) x {setup.envs_per_learner} envs; env steps per update: "
+                  f"{num_steps * flags.local_num_envs} per thread, {num_steps * per_process} per process, "
+                  f"{setup.batch_size} in all; {setup.num_updates} updates" + "; observation normalisation" * setup.norm_obs
+                  + "; reward scaling" * setup.norm_reward)
+        run.placement = Placement(actor_devices, learner_devices)
+        run.wandb_id = uuid.uuid4().hex[:12] if flags.track else None
+        if run.meta is not None:
+            run.start_update, run.wandb_id = run.meta["update"], run.meta["wandb_id"] or run.wandb_id
+            run.episodes.extend(map(tuple, run.meta["episodes"]))
+        run.params_slot = ParamsSlot(keep=flags.max_policy_lag + 2 if flags.deterministic else 1)
+        run.logger = Logger(run.run_dir, run.lead, flags.track, flags.wandb_project_name, flags.wandb_entity,
+                            setup.run_name, run.wandb_id, dict(dataclasses.asdict(flags), **dataclasses.asdict(setup)))
+        return run
+
+    def finished_summary(self) -> dict:
+        meta, flags = self.meta, self.flags
+        if self.lead:
+            print(f"{self.run_dir} already finished at update {meta['update']} (global step {meta['global_step']}); "
+                  "raise --total-timesteps to train it further")
+        summary_file = self.run_dir / "summary.json"
+        summary = json.loads(summary_file.read_text()) if summary_file.exists() else {"global_step": meta["global_step"]}
+        if self.lead and flags.eval_episodes and "final_eval" not in summary:
+            print(f"it has no final evaluation (stopped during it?): python scripts/evaluate.py {self.run_dir} --episodes "
+                  f"{flags.eval_episodes} --seed {flags.seed + EVAL_SEED_OFFSET}{' --greedy' * flags.eval_greedy}")
+        return summary
+
+    def resume(self, state, learner_key):
+        """(state, learner key replicated over the learner mesh): restored from the checkpoint
+        `open` found, or as given for a new run."""
+        if self.meta is not None:
+            state = self.checkpointer.restore_state(self.start_update, state)
+            learner_key = np.asarray(self.meta["learner_key"], dtype=np.uint32)
+            if self.lead:
+                print(f"resumed from {self.checkpointer.manager.directory}/{self.start_update}: update "
+                      f"{self.start_update}, global step {self.meta['global_step']}")
+        return state, self.placement.replicate(learner_key)
+
+    def env_segments(self) -> list[tuple[int, int]]:
+        """Rollout ranges [begin, end) of this session, one EnvPool pool each (see envs.env_segments)."""
+        return env_segments(self.start_update, self.setup.num_updates, self.flags.deterministic,
+                            self.flags.checkpoint_interval)
+
+    @contextlib.contextmanager
+    def actor_pool(self, thread_index: int, begin: int, spec, key, num_steps: int, gamma: float,
+                   continuous: bool):
+        """(EnvPool pool, RolloutAssembler, action key) of local actor thread `thread_index` for
+        the segment starting at rollout `begin`; the pool is closed on exit. Env seeds and
+        action keys are distinct per thread of every process and fresh for every pool."""
+        flags, setup = self.flags, self.setup
+        global_index = setup.process_id * setup.num_actor_threads_total + thread_index
+        n = flags.local_num_envs
+        seed = flags.seed + (global_index + begin * setup.num_envs_total // n) * n
+        envs = make_envs(flags.env_id, n, setup.async_batch_size, seed, setup.num_env_threads, flags.episodic_life)
+        obs_space = spec.observation_space
+        assembler = RolloutAssembler(n, num_steps, obs_space.shape,
+                                     np.float32 if obs_space.dtype == np.float64 else obs_space.dtype,
+                                     clip_rewards=is_atari(flags.env_id), episodic_life=flags.episodic_life,
+                                     first_rollout=begin, action_shape=spec.action_space.shape, gamma=gamma,
+                                     action_dtype=np.float32 if continuous else np.int32)
+        try:
+            yield envs, assembler, jax.random.fold_in(jax.random.fold_in(key, global_index), begin)
+        finally:
+            envs.close()
+
+    def add_evaluator(self, supervisor: Supervisor, agent, spec):
+        """On process 0: the final evaluation (--eval-episodes) and the eval thread (--eval-interval)."""
+        flags = self.flags
+        if not self.lead or not flags.eval_episodes:
+            return
+
+        def make():
+            return Evaluator(flags.env_id, flags.eval_episodes, agent, spec.action_space, flags.eval_greedy,
+                             flags.seed + EVAL_SEED_OFFSET)
+
+        self.make_evaluator = make
+        if flags.eval_interval:
+            supervisor.add("evaluator", run_evaluator, make(), self.params_slot, self.eval_results,
+                           self.placement.actor_devices[0], flags.eval_interval, self.start_update,
+                           self.setup.num_updates, flags.stall_timeout_s, self.interrupted)
+
+    def stop_requested(self) -> int:
+        """The stop signal to act on now, agreed over every process (0: none); sets `stopped_by`."""
+        self.stopped_by = (self.signum if self.setup.num_processes == 1
+                           else int(process_allgather(np.int32(self.signum)).max()))
+        if self.stopped_by and not self.signum and self.lead:
+            print(f"{signal.Signals(self.stopped_by).name} on another process: checkpointing and stopping", flush=True)
+        return self.stopped_by
+
+    def on_signal(self, signum: int):
+        self.signum = signum
+        self.preempt.set()
+
+    def launch(self, supervisor: Supervisor, learner: threading.Thread) -> dict:
+        """Run the threads until the learner returns, a thread fails or a stop signal has been
+        checkpointed; close the logger and checkpoints; write and return the summary.
+
+        Raises:
+          RunFailed: a thread failed (its traceback was printed) or stalled.
+        """
+        setup, flags = self.setup, self.flags
+        doing = "stopping (--deterministic: no new checkpoint)" if flags.deterministic else "checkpointing and stopping"
+        start_time = time.time()
+        try:
+            with StopSignals(self.on_signal, doing):
+                supervisor.run(learner)
+        finally:
+            self.logger.close()
+            self.checkpointer.close()
+        supervisor.raise_first_error(
+            f" (process {setup.process_id} of {setup.num_processes}: if this is a failed collective, another process "
+            "ended first; its output has the cause)" if setup.num_processes > 1 else "")
+        summary = self.summary
+        elapsed = time.time() - start_time - summary.get("final_eval", {}).get("time_s", 0.0)  # training alone
+        summary.update(elapsed_s=elapsed, sps=(summary["global_step"] - self.start_update * setup.batch_size) / elapsed,
+                       run_dir=str(self.run_dir))
+        if self.lead:
+            (self.run_dir / "summary.json").write_text(json.dumps(summary, indent=2))
+            status = f"stopped by {summary['interrupted_by']}" if "interrupted_by" in summary else "done"
+            ret = summary["episodic_return_mean"]
+            print(f"{status}: {summary['global_step']} env steps, {elapsed:.1f}s this session ({summary['sps']:.0f} SPS), "
+                  f"episodic return {'n/a (no game finished)' if ret is None else f'{ret:.1f}'}; "
+                  f"checkpoint {summary.get('checkpoint')}")
+        return summary
+
+
+def run_cli(args_type: type, main, argv: list[str] | None = None) -> int:
+    """Command-line entry point of a script: parse `args_type` with tyro, run `main(args)`,
+    and return the exit code (docs/reliability.md): 0 finished, 1 a thread failed or stalled,
+    2 bad configuration, 128 + signal number when SIGINT (130), SIGTERM (143) or SIGUSR1
+    (138) stopped the run after a checkpoint."""
+    args = tyro.cli(args_type, args=argv)
+    # EnvPool's specs build gymnasium Boxes from float64 bounds; the cast warning is noise.
+    warnings.filterwarnings("ignore", message=".*precision lowered by casting to float32", category=UserWarning)
+    try:
+        summary = main(args)
+    except ConfigError as error:
+        print(f"error: {error}", file=sys.stderr)
+        return 2
+    except RunFailed as error:  # the original traceback was printed by its thread
+        print(f"error: {error}", file=sys.stderr, flush=True)
+        sys.stdout.flush()
+        os._exit(1)  # a thread stuck inside a native call (EnvPool, XLA) must not keep the process alive
+    return 128 + getattr(signal, summary["interrupted_by"]) if "interrupted_by" in summary else 0
