@@ -35,6 +35,7 @@ import sys
 import threading
 import time
 from dataclasses import dataclass
+from pathlib import Path
 from typing import NamedTuple
 
 import chex
@@ -45,6 +46,9 @@ import numpy as np
 import optax
 from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
+
+if not __package__:  # run as a file: import the shared modules from this checkout (installed or not), and
+    sys.path[0] = str(Path(__file__).resolve().parents[1])  # keep sebulba/config.py etc. off the top level
 
 from sebulba import config
 from sebulba.config import Cluster, ConfigError, RunFlags, check_ranges, detect_cluster, normalization, resolve_run
@@ -498,8 +502,8 @@ def main(args: Args) -> dict:
                 run_actor(envs, policy, device, key, run.params_slot, run.queues[thread_index], assembler, end, args,
                           setup.async_batch_size, run.interrupted, f"actor thread {thread_index}")
 
+    run.add_evaluator(agent, spec)  # the final evaluation; with --eval-interval an eval thread
     supervisor = Supervisor(run.stop)
-    run.add_evaluator(supervisor, agent, spec)
     for i, (device, k) in enumerate((d, k) for d in placement.actor_devices for k in range(args.num_actor_threads)):
         supervisor.add(f"actor-{device.id}-{k}", actor, i, device)
     learner = supervisor.add("learner", run_learner, run, state, update_fn, lr_schedule, learner_key)

@@ -2,8 +2,8 @@
 run share, and the steps every script's `main` takes in the same order. `Run.open` starts the
 devices, checks for a checkpoint to resume, writes the run directory and prints the layout;
 `Run.resume` restores the learner state; `Run.actor_pool` gives an actor thread its EnvPool
-pool and rollout assembler; `Run.launch` runs the threads under the supervisor and the stop
-signals and writes the summary; `run_cli` maps the outcome to the exit code.
+pool and rollout assembler; `Run.launch` opens the metric sinks, runs the threads (and the eval
+thread) under the supervisor and the stop signals, and writes the summary; `run_cli` maps the outcome to the exit code.
 """
 
 from __future__ import annotations
@@ -115,8 +115,6 @@ class Run:
             run.start_update, run.wandb_id = run.meta["update"], run.meta["wandb_id"] or run.wandb_id
             run.episodes.extend(map(tuple, run.meta["episodes"]))
         run.params_slot = ParamsSlot(keep=flags.max_policy_lag + 2 if flags.deterministic else 1)
-        run.logger = Logger(run.run_dir, run.lead, flags.track, flags.wandb_project_name, flags.wandb_entity,
-                            setup.run_name, run.wandb_id, dict(dataclasses.asdict(flags), **dataclasses.asdict(setup)))
         return run
 
     def finished_summary(self) -> dict:
@@ -169,21 +167,13 @@ class Run:
         finally:
             envs.close()
 
-    def add_evaluator(self, supervisor: Supervisor, agent, spec):
-        """On process 0: the final evaluation (--eval-episodes) and the eval thread (--eval-interval)."""
+    def add_evaluator(self, agent, spec):
+        """On process 0: the final evaluation (--eval-episodes) and the eval thread
+        (--eval-interval, started by `launch`, on a pool of its own)."""
         flags = self.flags
-        if not self.lead or not flags.eval_episodes:
-            return
-
-        def make():
-            return Evaluator(flags.env_id, flags.eval_episodes, agent, spec.action_space, flags.eval_greedy,
-                             flags.seed + EVAL_SEED_OFFSET)
-
-        self.make_evaluator = make
-        if flags.eval_interval:
-            supervisor.add("evaluator", run_evaluator, make(), self.params_slot, self.eval_results,
-                           self.placement.actor_devices[0], flags.eval_interval, self.start_update,
-                           self.setup.num_updates, flags.stall_timeout_s, self.interrupted)
+        if self.lead and flags.eval_episodes:
+            self.make_evaluator = lambda: Evaluator(flags.env_id, flags.eval_episodes, agent, spec.action_space,
+                                                    flags.eval_greedy, flags.seed + EVAL_SEED_OFFSET)
 
     def stop_requested(self) -> int:
         """The stop signal to act on now, agreed over every process (0: none); sets `stopped_by`."""
@@ -206,9 +196,16 @@ class Run:
         """
         setup, flags = self.setup, self.flags
         doing = "stopping (--deterministic: no new checkpoint)" if flags.deterministic else "checkpointing and stopping"
-        start_time = time.time()
+        self.logger = Logger(self.run_dir, self.lead, flags.track, flags.wandb_project_name, flags.wandb_entity,
+                             setup.run_name, self.wandb_id, dict(dataclasses.asdict(flags), **dataclasses.asdict(setup)))
         try:
             with StopSignals(self.on_signal, doing):
+                start_time = time.time()
+                if self.make_evaluator is not None and flags.eval_interval:
+                    supervisor.add("evaluator", run_evaluator, self.make_evaluator(), self.params_slot,
+                                   self.eval_results, self.placement.actor_devices[0], flags.eval_interval,
+                                   self.start_update, setup.num_updates, flags.stall_timeout_s, self.interrupted,
+                                   first=True)
                 supervisor.run(learner)
         finally:
             self.logger.close()

@@ -162,7 +162,8 @@ class Supervisor:
         self.errors: list[tuple[str, BaseException]] = []
         self.threads: list[threading.Thread] = []
 
-    def add(self, name: str, fn, *fn_args) -> threading.Thread:
+    def add(self, name: str, fn, *fn_args, first: bool = False) -> threading.Thread:
+        """A thread running fn(*fn_args), started by `run` (`first`: before the others)."""
         def body():
             try:
                 fn(*fn_args)
@@ -173,7 +174,7 @@ class Supervisor:
                 traceback.print_exc()
                 self.stop.set()
         thread = threading.Thread(target=body, name=name, daemon=True)
-        self.threads.append(thread)
+        self.threads.insert(0 if first else len(self.threads), thread)
         return thread
 
     def run(self, main: threading.Thread):
