@@ -78,6 +78,14 @@ def recv_batch(envs, batch_size: int, sort: bool = False):
     return env_id, obs, reward, terminated, truncated, lives
 
 
+def pool_seed(seed: int, thread: int, first_rollout: int, num_envs_total: int, num_envs: int) -> int:
+    """EnvPool seed of the pool of global actor thread `thread` (process-major) that starts at
+    rollout `first_rollout`; EnvPool seeds its envs seed, seed + 1, ..., so every env of every
+    thread, process and pool (a --deterministic run makes one per checkpoint interval) gets a
+    seed of its own (cleanrl PR#238, envpool#298)."""
+    return seed + (thread + first_rollout * num_envs_total // num_envs) * num_envs
+
+
 def env_segments(start_update: int, num_updates: int, deterministic: bool,
                  checkpoint_interval: int) -> list[tuple[int, int]]:
     """Rollout ranges [begin, end) each served by one fresh EnvPool pool: the whole run, or

@@ -5,6 +5,7 @@ docs/impala_envpool.md; the learner's `Bookkeeping` (sebulba/learner.py) compute
 
 from __future__ import annotations
 
+import uuid
 from pathlib import Path
 
 import wandb
@@ -22,7 +23,9 @@ class Logger:
         self.writer = self.wandb = None
         if not enabled:
             return
-        self.writer = SummaryWriter(str(run_dir))
+        # tensorboardX names the file events.out.tfevents.<unix seconds>.<host>: a resume within the same
+        # second would open the same file and truncate the first session's events (tensorboardX#776).
+        self.writer = SummaryWriter(str(run_dir), filename_suffix=f".{uuid.uuid4().hex[:8]}")
         if track:
             self.wandb = wandb.init(project=project, entity=entity, name=run_name, id=wandb_id, resume="allow",
                                     dir=str(run_dir), config=config)

@@ -86,12 +86,23 @@ class RunningMoments(NamedTuple):
 
 # Action distributions: `policy` is logits [B, A] (categorical) or (mean, log_std) [B, A] each (diagonal Gaussian).
 
+# A learned log-std can run away downwards; below about -87 its exp underflows float32 to 0 and the
+# log-prob becomes inf - inf = NaN (rsl_rl PR#190). Every Gaussian helper reads it floored here:
+# std >= 2e-9, far below any useful action noise, so training never meets the floor otherwise.
+LOG_STD_MIN = -20.0
+
+
+def gaussian(policy):
+    """(mean, log_std) of a Gaussian policy, log_std floored at LOG_STD_MIN."""
+    mean, log_std = policy
+    return mean, jnp.maximum(log_std, LOG_STD_MIN)
+
 
 def log_prob(policy, actions):
     """log pi(a|s) [B] of actions [B] int32 (categorical) or [B, A] float32 (Gaussian, unclipped
     sample: the env receives it clipped to the action space, the loss sees it as sampled)."""
     if isinstance(policy, tuple):
-        mean, log_std = policy
+        mean, log_std = gaussian(policy)
         z = (actions - mean) / jnp.exp(log_std)
         return jnp.sum(-0.5 * jnp.square(z) - log_std - 0.5 * jnp.log(2 * jnp.pi), axis=-1)
     return jnp.take_along_axis(jax.nn.log_softmax(policy), actions[..., None], axis=-1)[..., 0]
@@ -100,7 +111,7 @@ def log_prob(policy, actions):
 def entropy(policy):
     """Entropy [B] in nats."""
     if isinstance(policy, tuple):
-        return jnp.sum(policy[1] + 0.5 * jnp.log(2 * jnp.pi * jnp.e), axis=-1)
+        return jnp.sum(gaussian(policy)[1] + 0.5 * jnp.log(2 * jnp.pi * jnp.e), axis=-1)
     logp = jax.nn.log_softmax(policy)
     return -jnp.sum(jnp.exp(logp) * logp, axis=-1)
 
@@ -108,7 +119,7 @@ def entropy(policy):
 def sample_action(policy, key, greedy: bool = False):
     """An action per row: sampled, or with `greedy` the mode (argmax; the Gaussian mean)."""
     if isinstance(policy, tuple):
-        mean, log_std = policy
+        mean, log_std = gaussian(policy)
         return mean if greedy else mean + jnp.exp(log_std) * jax.random.normal(key, mean.shape)
     return (jnp.argmax(policy, axis=-1) if greedy else jax.random.categorical(key, policy)).astype(jnp.int32)
 

@@ -32,7 +32,7 @@ from jax.experimental.multihost_utils import process_allgather, sync_global_devi
 from sebulba.checkpoints import Checkpointer, read_resume_meta
 from sebulba.config import Cluster, ConfigError, RunFlags, Setup
 from sebulba.devices import Placement, setup_devices
-from sebulba.envs import env_segments, is_atari, make_envs
+from sebulba.envs import env_segments, is_atari, make_envs, pool_seed
 from sebulba.evaluation import EVAL_SEED_OFFSET, Evaluator, run_evaluator
 from sebulba.metrics import Logger
 from sebulba.rollouts import RolloutAssembler
@@ -154,7 +154,7 @@ class Run:
         flags, setup = self.flags, self.setup
         global_index = setup.process_id * setup.num_actor_threads_total + thread_index
         n = flags.local_num_envs
-        seed = flags.seed + (global_index + begin * setup.num_envs_total // n) * n
+        seed = pool_seed(flags.seed, global_index, begin, setup.num_envs_total, n)
         envs = make_envs(flags.env_id, n, setup.async_batch_size, seed, setup.num_env_threads, flags.episodic_life)
         obs_space = spec.observation_space
         assembler = RolloutAssembler(n, num_steps, obs_space.shape,

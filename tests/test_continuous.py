@@ -10,6 +10,7 @@ import envpool
 import jax
 import jax.numpy as jnp
 import numpy as np
+import optax
 import pytest
 import rlax
 import tyro
@@ -81,6 +82,28 @@ def test_actions_are_clipped_when_sent_but_the_loss_sees_the_sample():
     np.testing.assert_allclose(logp, log_prob(agent.apply(params, obs)[0], action), rtol=1e-6)
     draws = sample_action((jnp.zeros((20000, 1)), jnp.full((20000, 1), math.log(0.5))), jax.random.PRNGKey(1))
     assert float(draws.std()) == pytest.approx(0.5, rel=0.03)
+
+
+def test_k20_a_collapsed_log_std_gives_no_nan():
+    """A learned log-std of -110 (std underflows float32 to 0; rsl_rl PR#190): the actor's sample,
+    its log-prob, the entropy, the PPO loss and its gradient stay finite, and so do the params
+    after an Adam step."""
+    agent = Agent(6, (), (8,), atari=False, continuous=True)  # HalfCheetah's 6 action dimensions
+    params = agent.init(jax.random.PRNGKey(0), jnp.zeros((1, 3)))
+    params["params"]["log_std"] = jnp.full((6,), -110.0)
+    obs = np.random.default_rng(0).normal(size=(16, 3)).astype(np.float32)
+    action, _, logp, _, _ = make_policy_fn(agent, envpool.make_spec("HalfCheetah-v4").action_space)(
+        (params, None), obs, jax.random.PRNGKey(1))
+    policy, _ = agent.apply(params, obs)
+    assert np.isfinite(action).all() and np.isfinite(logp).all() and np.isfinite(entropy(policy)).all()
+    assert np.isfinite(log_prob(policy, policy[0])).all()  # the action at the mean itself: 0 / 0 without the floor
+    mb = Minibatch(obs=jnp.asarray(obs), actions=jnp.asarray(action), logprobs=jnp.asarray(logp),
+                   advantages=jnp.linspace(-1, 1, 16), returns=jnp.zeros(16), mask=jnp.ones(16))
+    (loss, _), grads = jax.value_and_grad(ppo_loss, has_aux=True)(params, agent.apply, mb, 0.2, 0.01, 0.5, True)
+    assert np.isfinite(float(loss)) and all(np.isfinite(g).all() for g in jax.tree.leaves(grads))
+    tx = optax.adam(3e-4)
+    updates, _ = tx.update(grads, tx.init(params))
+    assert all(np.isfinite(p).all() for p in jax.tree.leaves(optax.apply_updates(params, updates)))
 
 
 def test_running_moments_over_two_learner_devices_match_numpy():

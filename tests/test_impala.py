@@ -10,6 +10,7 @@ import pytest
 import rlax
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 from test_learner import make_rollout  # the shared Rollout (sebulba/rollouts.py)
+from test_math import k14_rollout
 
 from sebulba.config import ConfigError
 from sebulba.devices import Placement
@@ -60,6 +61,26 @@ def test_k06_termination_and_truncation_differ(how, expected):
                                        ended if how == "truncated" else [False] * 3, 0.9)
     np.testing.assert_allclose(correction, expected, atol=1e-6)
     np.testing.assert_allclose(advantages, expected, atol=1e-6)
+
+
+def vtrace_of(rollout, rho=1.0):
+    """V-trace as impala_loss builds it from a rollout, with pi/mu = rho everywhere."""
+    terminated, truncated = rollout.terminated[1:].astype(np.float32), rollout.truncated[1:].astype(np.float32)
+    log_rhos = jnp.full(rollout.rewards[1:].shape, np.log(rho), jnp.float32)
+    return vtrace(jnp.asarray(rollout.values), jnp.asarray(rollout.rewards[1:]), 1.0 * (1 - terminated),
+                  (1 - terminated) * (1 - truncated), log_rhos)
+
+
+def test_k14_a_truncated_step_never_sees_the_next_episodes_value():
+    """pytorch/rl#4209, for V-trace (gamma 1, rho-bar = c-bar = 1): the step that hits the time
+    limit has advantage 0 (V = 1 of its own final observation), never 99; the joined rollout
+    gives each episode's targets. (Transition 2 is the masked auto-reset step.)"""
+    joined = vtrace_of(k14_rollout())
+    np.testing.assert_allclose(joined.pg_advantages[:2, 0], [0.0, 0.0])
+    episodes = [vtrace_of(k14_rollout(rows)) for rows in (slice(0, 3), slice(3, 6))]
+    for field in ("vs", "pg_advantages"):
+        np.testing.assert_allclose(np.asarray(getattr(joined, field))[[0, 1, 3, 4], 0],
+                                   np.concatenate([np.asarray(getattr(e, field))[:, 0] for e in episodes]))
 
 
 def test_k07_value_targets_are_corrections_plus_values():

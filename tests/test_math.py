@@ -6,7 +6,8 @@ import numpy as np
 import pytest
 import rlax
 
-from sebulba.ppo_envpool import Minibatch, compute_gae, masked_mean, normalize_advantages, ppo_loss
+from sebulba.ppo_envpool import Minibatch, compute_gae, masked_mean, normalize_advantages, ppo_loss, prepare_transitions
+from sebulba.rollouts import Rollout
 
 
 def gae(rewards, values, terminated, truncated, gamma, lam):
@@ -56,6 +57,33 @@ def test_gae_truncation_bootstraps_but_cuts_the_trace():
     first, _ = gae(r[:2], v[:3], [False] * 2, [False] * 2, 0.9, 0.8)
     second, _ = gae(r[2:], v[2:], [False], [False], 0.9, 0.8)
     np.testing.assert_allclose(adv, np.concatenate([first, second]), atol=1e-6)
+
+
+def k14_rollout(rows=slice(None)):
+    """One env, rewards 0: episode A's observations t0, t1 and its final observation (truncated),
+    V = 1 on all three; then episode B's t2, t3 and the next one, V = 100. Row 2 -> row 3 is
+    EnvPool's auto-reset step. `rows` cuts out one episode's rows."""
+    values = np.array([1, 1, 1, 100, 100, 100], np.float32)[:, None]
+    truncated = np.array([0, 0, 1, 0, 0, 0], bool)[:, None]
+    zeros = np.zeros_like(values)
+    rollout = Rollout(obs=np.zeros((6, 1, 1), np.float32), actions=np.zeros((6, 1), np.int32), logprobs=zeros,
+                      values=values, rewards=zeros, terminated=np.zeros_like(truncated), truncated=truncated,
+                      versions=np.zeros((6, 1), np.int32), discounted_returns=zeros)
+    return Rollout(*[x[rows] for x in rollout])
+
+
+def test_k14_a_truncated_step_never_sees_the_next_episodes_value():
+    """pytorch/rl#4209: the advantage of the step that hits the time limit bootstraps from its own
+    episode's final observation (V = 1), never from the next episode's first one (V = 100)."""
+    joined = prepare_transitions(jax.tree.map(jnp.asarray, k14_rollout()), gamma=1.0, gae_lambda=1.0)
+    np.testing.assert_allclose(joined.advantages[:2, 0], [0.0, 0.0])  # t0, t1 (t1 truncated): never 99
+    np.testing.assert_array_equal(joined.mask[:, 0], [1, 1, 0, 1, 1])  # the auto-reset step carries nothing
+    per_episode = [prepare_transitions(jax.tree.map(jnp.asarray, k14_rollout(rows)), 1.0, 1.0)
+                   for rows in (slice(0, 3), slice(3, 6))]
+    kept = np.asarray(joined.mask[:, 0]) == 1
+    for field in ("advantages", "returns"):
+        np.testing.assert_allclose(np.asarray(getattr(joined, field))[kept, 0],
+                                   np.concatenate([np.asarray(getattr(t, field))[:, 0] for t in per_episode]))
 
 
 def test_normalisation_ignores_masked_entries():

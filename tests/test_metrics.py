@@ -1,0 +1,25 @@
+"""The metric sinks (sebulba/metrics.py) read back with TensorBoard's own reader."""
+
+from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+from sebulba.metrics import Logger
+
+
+def test_k21_two_sessions_within_a_second_keep_both_sessions_scalars(tmp_path):
+    """A run stopped and resumed within one second writes two event files into one run
+    directory; tensorboardX names them by the second (tensorboardX#776): both must survive."""
+    for steps in ((100, 200), (300, 400)):  # the first session, then the resumed one
+        logger = Logger(tmp_path)
+        for step in steps:
+            logger.log({"charts/sps": float(step)}, step)
+        logger.close()
+    events = EventAccumulator(str(tmp_path)).Reload()
+    assert [(e.step, e.value) for e in events.Scalars("charts/sps")] == [(s, float(s)) for s in (100, 200, 300, 400)]
+    assert len(list(tmp_path.glob("events.out.tfevents.*"))) == 2
+
+
+def test_a_disabled_logger_writes_nothing(tmp_path):
+    logger = Logger(tmp_path, enabled=False)  # every process but process 0
+    logger.log({"charts/sps": 1.0}, 1)
+    logger.close()
+    assert list(tmp_path.iterdir()) == []
