@@ -36,6 +36,7 @@ import orbax.checkpoint as ocp
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from sebulba.checkpoints import complete_steps  # noqa: E402
 from sebulba.config import Cluster  # noqa: E402
 from sebulba.devices import Placement  # noqa: E402
 from sebulba.envs import is_atari, is_mujoco, make_envs  # noqa: E402
@@ -61,9 +62,9 @@ def load(run_dir: Path, checkpoint: int | None):
     args = module.Args(**{k: v for k, v in saved.items() if k in {f.name for f in dataclasses.fields(module.Args)}})
     if not (run_dir / "checkpoints").exists():
         raise SystemExit(f"{run_dir}/checkpoints does not exist: the run saved no checkpoint yet")
+    steps = complete_steps(run_dir / "checkpoints")  # finished ones only
     manager = ocp.CheckpointManager((run_dir / "checkpoints").absolute(),
                                     options=ocp.CheckpointManagerOptions(create=False))
-    steps = list(manager.all_steps())
     if not steps or (checkpoint is not None and checkpoint not in steps):
         raise SystemExit(f"{run_dir}/checkpoints has {f'checkpoints {sorted(steps)}' if steps else 'no checkpoint'}"
                          + (f", not {checkpoint}" if checkpoint is not None and steps else ""))

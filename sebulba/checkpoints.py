@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import time
 from pathlib import Path
 
 import jax
@@ -22,19 +23,54 @@ RESUMABLE_FLAGS = {"track", "wandb_project_name", "wandb_entity", "log_frequency
                    "eval_greedy", "norm_obs", "norm_reward"}
 
 
+def is_complete(step_dir: Path) -> bool:
+    """orbax finished writing this checkpoint: its commit marker and its metadata are there. A
+    directory a process left while it died saving (or one a file system copied half-way) lacks
+    them, and orbax would still list it as a step (flax PR#1200, maxtext PR#5260)."""
+    return (step_dir / "commit_success.txt").is_file() and (step_dir / "_CHECKPOINT_METADATA").is_file()
+
+
+def incomplete_steps(directory: Path) -> list[Path]:
+    """Step directories under `directory` that orbax never finished (see `is_complete`)."""
+    if not directory.is_dir():
+        return []
+    return sorted((p for p in directory.iterdir() if p.is_dir() and p.name.isdigit() and not is_complete(p)),
+                  key=lambda p: int(p.name))
+
+
+def set_aside(paths: list[Path]) -> list[Path]:
+    """Rename unfinished step directories to <step>.incomplete-<unix time> (kept for a look, ignored
+    by orbax), so that the run can save that step again. Returns the new paths."""
+    moved = []
+    for path in paths:
+        moved.append(path.rename(path.with_name(f"{path.name}.incomplete-{int(time.time())}")))
+    return moved
+
+
+def complete_steps(directory: Path) -> list[int]:
+    """The updates of the finished checkpoints under `directory`, oldest first."""
+    if not directory.is_dir():
+        return []
+    manager = ocp.CheckpointManager(directory.absolute(), options=ocp.CheckpointManagerOptions(create=False))
+    try:
+        return [s for s in manager.all_steps() if is_complete(directory / str(s))]
+    finally:
+        manager.close()
+
+
 def read_resume_meta(directory: Path, flags: RunFlags, num_processes: int = 1) -> dict | None:
-    """Metadata of the newest checkpoint in `directory`, or None for a new run. `flags` (a
-    script's Args) must match the saved ones, except RESUMABLE_FLAGS.
+    """Metadata of the newest finished checkpoint in `directory`, or None for a new run
+    (unfinished ones are skipped: `incomplete_steps`). `flags` (a script's Args) must match the
+    saved ones, except RESUMABLE_FLAGS.
 
     Raises:
       ConfigError: the checkpoint is unreadable or was written with other flags.
     """
-    if not directory.exists():
+    steps = complete_steps(directory)
+    if not steps:
         return None
+    update = steps[-1]
     manager = ocp.CheckpointManager(directory.absolute(), options=ocp.CheckpointManagerOptions(create=False))
-    update = manager.latest_step()
-    if update is None:
-        return None
     try:
         meta = manager.restore(update, args=ocp.args.Composite(meta=ocp.args.JsonRestore())).meta
     except Exception as error:  # noqa: BLE001 - any unreadable checkpoint is the same error to the user

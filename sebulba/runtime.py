@@ -29,7 +29,7 @@ import numpy as np
 import tyro
 from jax.experimental.multihost_utils import process_allgather, sync_global_devices
 
-from sebulba.checkpoints import Checkpointer, read_resume_meta
+from sebulba.checkpoints import Checkpointer, incomplete_steps, read_resume_meta, set_aside
 from sebulba.config import Cluster, ConfigError, RunFlags, Setup
 from sebulba.devices import Placement, setup_devices
 from sebulba.envs import env_segments, is_atari, make_envs, pool_seed
@@ -95,6 +95,14 @@ class Run:
             run.finished, run.summary = True, run.finished_summary()
             return run
         run.run_dir.mkdir(parents=True, exist_ok=True)
+        unfinished = incomplete_steps(run.run_dir / "checkpoints")
+        if unfinished and run.lead:  # orbax would list them as steps and refuse to save those steps again
+            for path in set_aside(unfinished):
+                print(f"checkpoint {path.parent}/{path.name.split('.')[0]} was never finished (the process died while "
+                      f"saving it?): set aside as {path.name}; "
+                      + (f"resuming from update {run.meta['update']}" if run.meta else "starting anew"))
+        if unfinished and setup.num_processes > 1:
+            sync_global_devices("sebulba: unfinished checkpoints set aside")
         run.checkpointer = Checkpointer(run.run_dir / "checkpoints")
         if run.lead and flags.deterministic and not flags.checkpoint_interval:
             print("warning: --deterministic with --checkpoint-interval 0: a stop signal leaves nothing to resume from")

@@ -173,6 +173,25 @@ def test_resume_refuses_a_mismatched_or_unreadable_checkpoint(capsys):
         ppo.main(tyro.cli(ppo.Args, args=longer))
 
 
+def test_k16_a_half_written_checkpoint_does_not_block_the_resume(capsys):
+    """A finished checkpoint at 4, then one at 8 that orbax never finished (no commit marker, no
+    metadata) and a temporary directory of 12: the run resumes from 4 and trains on to 12."""
+    flags = [*SMALL["ppo_envpool"], "--num-actor-threads", "1", "--checkpoint-interval", "4", "--eval-episodes", "0",
+             "--run-name", "half", "--total-timesteps"]
+    ppo.main(tyro.cli(ppo.Args, args=[*flags, str(8 * 16 * 8)]))  # the run that "died" saving update 8
+    checkpoints = Path("runs/half/checkpoints")
+    for marker in ("commit_success.txt", "_CHECKPOINT_METADATA"):
+        (checkpoints / "8" / marker).unlink()
+    (checkpoints / "12.orbax-checkpoint-tmp-1733000000").mkdir()
+    capsys.readouterr()
+    summary = ppo.main(tyro.cli(ppo.Args, args=[*flags, str(8 * 16 * 12)]))
+    out = capsys.readouterr().out
+    assert "checkpoints/8 was never finished" in out and "resumed from" in out and "update 4, global step 512" in out
+    assert summary["updates"] == 12 and "interrupted_by" not in summary
+    assert [p.name for p in checkpoints.glob("8.incomplete-*")] != []  # kept for a look, out of orbax's way
+    assert sorted(int(p.name) for p in checkpoints.iterdir() if p.name.isdigit()) == [4, 8, 12]
+
+
 @pytest.mark.parametrize("script", SCRIPTS)
 def test_deterministic_runs_are_bit_identical_and_a_stopped_run_resumes_into_the_same_run(script):
     """Two runs with the same seed and layout, and (PPO: the stop and resume path is shared) a
