@@ -5,6 +5,7 @@ written with.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import time
@@ -96,6 +97,10 @@ def read_resume_meta(directory: Path, flags: RunFlags, num_processes: int = 1) -
     return meta
 
 
+class CheckpointError(RuntimeError):
+    """A checkpoint could not be written; the message names its directory."""
+
+
 class Checkpointer:
     """orbax checkpoints in runs/<run>/checkpoints/<update>: the LearnerState (params, optimizer
     state, step, normalisation statistics) and JSON metadata (update and env-step counters, learner PRNG key, recent
@@ -104,11 +109,28 @@ class Checkpointer:
     newest 3 are kept."""
 
     def __init__(self, directory: Path):
+        self.directory = directory
         self.manager = ocp.CheckpointManager(directory.absolute(), options=ocp.CheckpointManagerOptions(max_to_keep=3))
+        self.failed = False
 
     def save(self, update: int, state, meta: dict):
-        self.manager.save(update, args=ocp.args.Composite(state=ocp.args.StandardSave(state),
-                                                          meta=ocp.args.JsonSave(meta)), force=True)
+        """Save and wait until the checkpoint is on disk: orbax saves in a background thread and
+        reports a failure only at a later call (orbax#605, keras#23609), by when the run had
+        trained on and the summary named a checkpoint that does not exist.
+
+        Raises:
+          CheckpointError: the save failed (the directory is named; the newest saved one too).
+        """
+        try:
+            self.manager.save(update, args=ocp.args.Composite(state=ocp.args.StandardSave(state),
+                                                              meta=ocp.args.JsonSave(meta)), force=True)
+            self.manager.wait_until_finished()
+        except Exception as error:  # noqa: BLE001 - whatever the storage raised, the run cannot go on unsaved
+            self.failed = True
+            saved = complete_steps(self.directory)
+            raise CheckpointError(f"could not save checkpoint {self.directory}/{update} ({type(error).__name__}: "
+                                  f"{error}); the newest saved one is "
+                                  f"{f'{self.directory}/{saved[-1]}' if saved else 'none'}") from error
 
     def restore_state(self, update: int, like):
         """The state saved at `update`, laid out (shapes, dtypes, shardings) like `like`."""
@@ -116,5 +138,10 @@ class Checkpointer:
         return self.manager.restore(update, args=ocp.args.Composite(state=ocp.args.StandardRestore(abstract))).state
 
     def close(self):
+        """Wait for pending saves and close; after a failed save (already raised) it raises nothing."""
+        if self.failed:
+            with contextlib.suppress(Exception):
+                self.manager.close()
+            return
         self.manager.wait_until_finished()
         self.manager.close()

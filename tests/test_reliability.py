@@ -21,6 +21,7 @@ import sebulba.envs
 import sebulba.evaluation
 import sebulba.ppo_envpool as ppo
 import sebulba.runtime
+from sebulba.checkpoints import complete_steps
 from sebulba.config import ConfigError
 from sebulba.evaluation import EVAL_SEED_OFFSET
 
@@ -171,6 +172,41 @@ def test_resume_refuses_a_mismatched_or_unreadable_checkpoint(capsys):
             f.write_bytes(b"garbage")
     with pytest.raises(ConfigError, match="cannot read checkpoint"):
         ppo.main(tyro.cli(ppo.Args, args=longer))
+
+
+# After the save at update 10, the checkpoint directory becomes immutable (chattr +i: even root cannot
+# write it, as a read-only or full disk): the save at 20 fails inside real orbax.
+SAVE_FAULT = """
+import subprocess
+import sebulba.checkpoints
+real = sebulba.checkpoints.Checkpointer.save
+def save(self, update, state, meta):
+    real(self, update, state, meta)
+    if update == 10:
+        subprocess.run(["chattr", "+i", str(self.directory)], check=True)
+sebulba.checkpoints.Checkpointer.save = save
+"""
+
+
+def test_k15_a_failed_checkpoint_save_ends_the_run_loudly(tmp_path):
+    probe = tmp_path / "probe"
+    probe.mkdir()
+    if subprocess.run(["chattr", "+i", str(probe)], capture_output=True).returncode:
+        pytest.skip("chattr +i is not available here: no way to make a directory unwritable for root")
+    subprocess.run(["chattr", "-i", str(probe)], check=True)
+    checkpoints = Path("runs/unsaved/checkpoints")
+    try:
+        out, _ = run_cli([*SMALL["ppo_envpool"], "--num-actor-threads", "1", "--total-timesteps", str(8 * 16 * 30),
+                          "--checkpoint-interval", "10", "--eval-episodes", "0", "--run-name", "unsaved"], SAVE_FAULT)
+    finally:
+        subprocess.run(["chattr", "-i", str(checkpoints)])
+    assert out.returncode == 1, out.stdout[-2000:] + out.stderr[-2000:]
+    last = out.stderr.strip().splitlines()[-1]
+    assert last.startswith("error: learner failed: CheckpointError(") and "could not save checkpoint " \
+        "runs/unsaved/checkpoints/20" in last and "the newest saved one is runs/unsaved/checkpoints/10" in last
+    assert complete_steps(checkpoints) == [10]
+    assert "update 30/30" not in out.stdout  # the run stopped at the failed save, it did not train on
+    assert not Path("runs/unsaved/summary.json").exists()  # nothing says update 20 was saved
 
 
 def test_k16_a_half_written_checkpoint_does_not_block_the_resume(capsys):
