@@ -205,7 +205,8 @@ class Run:
         setup, flags = self.setup, self.flags
         doing = "stopping (--deterministic: no new checkpoint)" if flags.deterministic else "checkpointing and stopping"
         self.logger = Logger(self.run_dir, self.lead, flags.track, flags.wandb_project_name, flags.wandb_entity,
-                             setup.run_name, self.wandb_id, dict(dataclasses.asdict(flags), **dataclasses.asdict(setup)))
+                             setup.run_name, self.wandb_id, dict(dataclasses.asdict(flags), **dataclasses.asdict(setup)),
+                             resumed_at=self.start_update * setup.batch_size if self.meta is not None else None)
         try:
             with StopSignals(self.on_signal, doing):
                 start_time = time.time()

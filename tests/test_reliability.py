@@ -16,6 +16,8 @@ from pathlib import Path
 
 import pytest
 import tyro
+import wandb
+from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 import sebulba.envs
 import sebulba.evaluation
@@ -207,6 +209,33 @@ def test_k15_a_failed_checkpoint_save_ends_the_run_loudly(tmp_path):
     assert complete_steps(checkpoints) == [10]
     assert "update 30/30" not in out.stdout  # the run stopped at the failed save, it did not train on
     assert not Path("runs/unsaved/summary.json").exists()  # nothing says update 20 was saved
+
+
+def test_k17_no_metric_is_dropped_after_resuming_from_an_older_checkpoint(monkeypatch):
+    """A run logs every update, checkpoints every 4 and is killed (SIGKILL) after logging update 6
+    or later; the same command resumes from update 4. TensorBoard then holds every update once,
+    the resumed session's from 5 on; W&B receives every point from the checkpoint on with its
+    global step as a metric, never a `step` it would drop for not increasing (wandb#5632)."""
+    flags = [*SMALL["ppo_envpool"], "--num-actor-threads", "1", "--checkpoint-interval", "4", "--log-frequency", "1",
+             "--eval-episodes", "0", "--track", "--run-name", "killed"]
+    proc = start_run([*flags, "--total-timesteps", str(8 * 16 * 1000)])
+    for line in proc.stdout:
+        if line.startswith("step ") and "update 6/" in line:
+            break
+    proc.kill()
+    proc.communicate(timeout=60)
+    assert sorted(p.name for p in Path("runs/killed/checkpoints").iterdir() if p.name.isdigit()) == ["4"]
+    calls = []
+    real_log = wandb.Run.log
+    monkeypatch.setattr(wandb.Run, "log", lambda self, data, *a, **k: calls.append((data, a, k))
+                        or real_log(self, data, *a, **k))
+    summary = ppo.main(tyro.cli(ppo.Args, args=[*flags, "--total-timesteps", str(8 * 16 * 10)]))
+    assert summary["updates"] == 10
+    events = EventAccumulator("runs/killed").Reload()
+    points = [(e.step, e.value) for e in events.Scalars("charts/updates")]
+    assert points == [(128 * u, float(u)) for u in range(1, 11)], points
+    assert all(not a and not k for _, a, k in calls)  # no step= for W&B to refuse
+    assert [d["global_step"] for d, _, _ in calls] == [128 * u for u in range(5, 11)]
 
 
 def test_k16_a_half_written_checkpoint_does_not_block_the_resume(capsys):
