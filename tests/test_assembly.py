@@ -1,4 +1,5 @@
-"""Rollout assembly per env id, episode accounting and masking (cases K01-K05)."""
+"""Rollout assembly per env id, episode accounting and masking (envpool#259, #312, #299, envpool PR#53,
+cleanrl#562)."""
 
 import queue
 import threading
@@ -22,7 +23,7 @@ def round_robin(num_envs, batch_size, n):
     return [np.roll(order, -i * batch_size)[:batch_size] for i in range(n)]
 
 
-def test_k01_recv_send_alternate_and_an_empty_batch_fails_at_once():
+def test_recv_send_alternate_and_an_empty_batch_fails_at_once():
     batches = round_robin(4, 2, 20) + [np.array([], np.int32)]
     pool = ScriptedPool(batches, num_envs=4)
     rollouts, error = drive_actor(pool, batch_size=2, num_steps=4, num_rollouts=10)
@@ -34,7 +35,7 @@ def test_k01_recv_send_alternate_and_an_empty_batch_fails_at_once():
         assert (rollout.obs[:, :, 0] == np.arange(4)).all()  # every row written, each by its own env
 
 
-def test_k02_out_of_order_ids_stay_on_their_own_env():
+def test_out_of_order_ids_stay_on_their_own_env():
     ids = [[3, 1], [0, 2], [1, 3], [2, 0], [3, 1], [0, 2], [1, 3], [2, 0]]
     steps = {e: [(100.0 * e + k, False, False, 1) for k in range(10)] for e in range(4)}
     pool = ScriptedPool(ids, num_envs=4, steps=steps)
@@ -47,7 +48,7 @@ def test_k02_out_of_order_ids_stay_on_their_own_env():
         np.testing.assert_array_equal(rollout.actions[:, e], pool.actions_received[e][:4])  # actions went to e
 
 
-def test_k02_duplicate_ids_are_an_error():
+def test_duplicate_ids_are_an_error():
     pool = ScriptedPool([[1, 1]], num_envs=4)
     _, error = drive_actor(pool, batch_size=2, num_steps=3, num_rollouts=1)
     assert error is not None and "duplicate env ids" in str(error)
@@ -62,7 +63,7 @@ def feed(assembler, env, steps):
     return out
 
 
-def test_k03_games_split_at_truncation_with_episodic_life():
+def test_games_split_at_truncation_with_episodic_life():
     a = RolloutAssembler(1, 100, (1,), np.float32, clip_rewards=True, episodic_life=True)
     reset = (0.0, False, False, 3)
     game_a = [reset, (2.0, False, False, 3), (3.0, True, False, 2), reset, (0.0, False, True, 2)]  # time limit
@@ -72,7 +73,7 @@ def test_k03_games_split_at_truncation_with_episodic_life():
     assert a.episode_lengths == [3, 3]
 
 
-def test_k04_raw_return_logged_clipped_reward_trained():
+def test_raw_return_logged_clipped_reward_trained():
     a = RolloutAssembler(1, 5, (1,), np.float32, clip_rewards=True, episodic_life=False)
     steps = [(0.0, False, False, 1)] + [(r, False, False, 1) for r in [0, 5, 0, 10]] + [(-3.0, True, False, 0)]
     (rollout, returns, lengths), = feed(a, 0, steps)
@@ -80,7 +81,7 @@ def test_k04_raw_return_logged_clipped_reward_trained():
     np.testing.assert_array_equal(rollout.rewards[1:, 0], [0, 1, 0, 1, -1])
 
 
-def test_k05_auto_reset_step_is_masked_and_done_step_advantage_is_r_minus_v():
+def test_auto_reset_step_is_masked_and_done_step_advantage_is_r_minus_v():
     a = RolloutAssembler(1, 5, (1,), np.float32, clip_rewards=False, episodic_life=False)
     values = [0.5, 0.7, 0.9, 0.4, 0.3, 0.2]
     steps = [(0.0, False, False, 1), (1.0, False, False, 1), (1.0, False, False, 1), (2.0, True, False, 1),

@@ -1,4 +1,4 @@
-"""Bad configuration is refused before any thread starts, with one line saying what to change (K12).
+"""Bad configuration is refused before any thread starts, with one line saying what to change (Mava#1122, Stoix#66).
 
 The shared flags and batch arithmetic (sebulba/config.py) are tested on `RunFlags` alone; each
 script's own hyperparameters through its `resolve`.
@@ -20,7 +20,7 @@ SCRIPTS = Path(__file__).resolve().parents[1] / "sebulba"
 CARTPOLE = dict(env_id="CartPole-v1", local_num_envs=8, total_timesteps=10_000)
 
 
-def test_k12_envs_not_divisible_by_learners_names_nearest_values():
+def test_envs_not_divisible_by_learners_names_nearest_values():
     with pytest.raises(ConfigError, match=r"--local-num-envs=6 is not divisible by 4 learner devices; use 4 or 8"):
         resolve_run(RunFlags(**{**CARTPOLE, "local_num_envs": 6}, learner_device_ids=[0, 1, 2, 3]), num_steps=16)
 

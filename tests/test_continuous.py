@@ -84,7 +84,7 @@ def test_actions_are_clipped_when_sent_but_the_loss_sees_the_sample():
     assert float(draws.std()) == pytest.approx(0.5, rel=0.03)
 
 
-def test_k20_a_collapsed_log_std_gives_no_nan():
+def test_a_collapsed_log_std_gives_no_nan():
     """A learned log-std of -110 (std underflows float32 to 0; rsl_rl PR#190): the actor's sample,
     its log-prob, the entropy, the PPO loss and its gradient stay finite, and so do the params
     after an Adam step."""

@@ -169,7 +169,7 @@ def test_a_failure_in_one_process_ends_every_process(script="impala_envpool"):
     assert seconds < 120
 
 
-def test_k10_a_partial_slurm_environment_runs_as_one_process(monkeypatch, capsys):
+def test_a_partial_slurm_environment_runs_as_one_process(monkeypatch, capsys):
     for var in ("SLURM_STEP_NODELIST", "SLURM_NTASKS", "SLURM_PROCID", "SLURM_LOCALID", "JAX_COORDINATOR_ADDRESS",
                 "JAX_NUM_PROCESSES", "JAX_PROCESS_ID"):
         monkeypatch.delenv(var, raising=False)

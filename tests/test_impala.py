@@ -1,5 +1,5 @@
 """sebulba/impala_envpool.py: V-trace against rlax and hand-computed values, the IMPALA loss
-on EnvPool's episode ends (cases K05-K07), the SPMD update (K08, K11), configuration (K12),
+on EnvPool's episode ends, the SPMD update (one device's data on all: cleanba PR#17), configuration,
 and real EnvPool runs (CartPole learns, Breakout on a0-l1,2,3)."""
 
 import jax
@@ -53,7 +53,7 @@ def test_vtrace_hand_computed_off_policy_case():
 
 
 @pytest.mark.parametrize("how, expected", [("terminated", [-0.1, -1.0, 0.8]), ("truncated", [1.52, 0.8, 0.8])])
-def test_k06_termination_and_truncation_differ(how, expected):
+def test_termination_and_truncation_differ(how, expected):
     # gamma 0.9, lambda 1, rewards [1, 1, 1], V = 2, the episode ends after the 2nd step; on-policy
     # V-trace with lambda 1 gives the same targets as GAE(lambda = 1).
     ended = [False, True, False]
@@ -71,7 +71,7 @@ def vtrace_of(rollout, rho=1.0):
                   (1 - terminated) * (1 - truncated), log_rhos)
 
 
-def test_k14_a_truncated_step_never_sees_the_next_episodes_value():
+def test_a_truncated_step_never_sees_the_next_episodes_value():
     """pytorch/rl#4209, for V-trace (gamma 1, rho-bar = c-bar = 1): the step that hits the time
     limit has advantage 0 (V = 1 of its own final observation), never 99; the joined rollout
     gives each episode's targets. (Transition 2 is the masked auto-reset step.)"""
@@ -83,7 +83,7 @@ def test_k14_a_truncated_step_never_sees_the_next_episodes_value():
                                    np.concatenate([np.asarray(getattr(e, field))[:, 0] for e in episodes]))
 
 
-def test_k07_value_targets_are_corrections_plus_values():
+def test_value_targets_are_corrections_plus_values():
     correction, advantages = on_policy(np.zeros(3), [1, 0], [False] * 2, [False] * 2, 1.0)
     np.testing.assert_allclose(correction, [1, 0])  # v_s = [1, 0] with V = 0
     np.testing.assert_allclose(advantages, [1, 0])
@@ -118,7 +118,7 @@ def test_vtrace_matches_rlax_between_episode_ends_on_random_sequences():
             np.testing.assert_allclose(out.pg_advantages[s, b], expected.pg_advantage, atol=1e-5)
 
 
-def test_k05_the_auto_reset_step_carries_no_gradient():
+def test_the_auto_reset_step_carries_no_gradient():
     agent = Agent(num_actions=2, channels=(), hiddens=(8,), atari=False)
     params = agent.init(jax.random.PRNGKey(0), jnp.zeros((1, 3)))
     rollout = make_rollout(6, 1, 1.0)
@@ -134,7 +134,7 @@ def test_k05_the_auto_reset_step_carries_no_gradient():
     jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, atol=1e-6), base, changed)
 
 
-def test_k08_two_learner_devices_take_the_step_of_one_device_on_the_whole_batch():
+def test_two_learner_devices_take_the_step_of_one_device_on_the_whole_batch():
     """Shard 0 earns +1, shard 1 earns -1: using one device's data on both, or summing instead
     of averaging gradients, would each give a different step."""
     devices = jax.devices()
@@ -149,7 +149,7 @@ def test_k08_two_learner_devices_take_the_step_of_one_device_on_the_whole_batch(
         state = placement.replicate(LearnerState.create(apply_fn=None, params=params, **FRESH, tx=optax.sgd(0.1)))
         state, _ = make_update_fn(args, agent, placement.mesh)(state, placement.to_learners([batch]), None)
         new_params.append(jax.device_get(state.params))
-        assert all(x.sharding.device_set == set(learners) for x in jax.tree.leaves(state.params))  # K11
+        assert all(x.sharding.device_set == set(learners) for x in jax.tree.leaves(state.params))  # placement (jax#14184)
     moved = jax.tree.map(lambda a, b: np.abs(a - b).max(), new_params[0], params)
     assert max(jax.tree.leaves(moved)) > 1e-4
     jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, atol=1e-6), new_params[0], new_params[1])

@@ -1,4 +1,5 @@
-"""Placement and the SPMD learner (cases K08, K11)."""
+"""Placement and the SPMD learner: each device its own data (cleanba PR#17), arrays where the layout says
+(jax#14184), gradients averaged, accumulation and memory."""
 
 import re
 
@@ -41,7 +42,7 @@ def shard_advantages(placement, batch):
 
 
 @pytest.mark.parametrize("threads", [1, 2])
-def test_k08_each_learner_device_sees_its_own_data(threads):
+def test_each_learner_device_sees_its_own_data(threads):
     devices = jax.devices()
     placement = Placement([devices[0]], devices[1:3])
     # Each thread's first half of envs lands on learner 1, the second half on learner 2.
@@ -58,7 +59,7 @@ def test_k08_each_learner_device_sees_its_own_data(threads):
     assert not np.allclose(normalised[:, half:], normalised[:, :half])
 
 
-def test_k11_arrays_live_where_the_layout_says():
+def test_arrays_live_where_the_layout_says():
     devices = jax.devices()
     assert len(devices) == 4
     placement = Placement([devices[0]], devices[1:3])

@@ -17,7 +17,7 @@ def gae(rewards, values, terminated, truncated, gamma, lam):
 
 
 @pytest.mark.parametrize("how, expected", [("terminated", [-0.1, -1.0, 0.8]), ("truncated", [1.52, 0.8, 0.8])])
-def test_k06_termination_and_truncation_differ(how, expected):
+def test_termination_and_truncation_differ(how, expected):
     # gamma 0.9, lambda 1, rewards [1, 1, 1], V = 2 everywhere, the episode ends after the 2nd step.
     ended = [False, True, False]
     term = ended if how == "terminated" else [False] * 3
@@ -26,7 +26,7 @@ def test_k06_termination_and_truncation_differ(how, expected):
     np.testing.assert_allclose(adv, expected, atol=1e-6)
 
 
-def test_k07_value_targets_are_advantages_plus_values():
+def test_value_targets_are_advantages_plus_values():
     adv, ret = gae([1, 0], [0, 0, 0], [False] * 2, [False] * 2, 1.0, 1.0)
     np.testing.assert_allclose(adv, [1, 0])
     np.testing.assert_allclose(ret, [1, 0])
@@ -72,7 +72,7 @@ def k14_rollout(rows=slice(None)):
     return Rollout(*[x[rows] for x in rollout])
 
 
-def test_k14_a_truncated_step_never_sees_the_next_episodes_value():
+def test_a_truncated_step_never_sees_the_next_episodes_value():
     """pytorch/rl#4209: the advantage of the step that hits the time limit bootstraps from its own
     episode's final observation (V = 1), never from the next episode's first one (V = 100)."""
     joined = prepare_transitions(jax.tree.map(jnp.asarray, k14_rollout()), gamma=1.0, gae_lambda=1.0)

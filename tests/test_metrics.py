@@ -5,7 +5,7 @@ from tensorboard.backend.event_processing.event_accumulator import EventAccumula
 from sebulba.metrics import Logger
 
 
-def test_k21_two_sessions_within_a_second_keep_both_sessions_scalars(tmp_path):
+def test_two_sessions_within_a_second_keep_both_sessions_scalars(tmp_path):
     """A run stopped and resumed within one second writes two event files into one run
     directory; tensorboardX names them by the second (tensorboardX#776): both must survive."""
     for steps in ((100, 200), (300, 400)):  # the first session, then the resumed one

@@ -1,4 +1,4 @@
-"""K18: env seeds, action keys and minibatch permutations are distinct across actor threads,
+"""Env seeds, action keys and minibatch permutations are distinct across actor threads,
 processes and learner devices (cleanrl PR#238, envpool#298, Stoix PR#127)."""
 
 from pathlib import Path
@@ -18,7 +18,7 @@ FLAGS = dict(env_id="CartPole-v1", local_num_envs=8, num_actor_threads=2, seed=1
              run_name="seeds", deterministic=True, checkpoint_interval=4)
 
 
-def test_k18_every_env_of_every_thread_and_process_has_its_own_seed_and_first_observation():
+def test_every_env_of_every_thread_and_process_has_its_own_seed_and_first_observation():
     """2 processes x 2 actor threads x 8 envs, --seed 1: 32 distinct env seeds (also for the pools a
     --deterministic run makes at each checkpoint interval), 32 distinct first observations and
     distinct action noise per thread."""
@@ -39,7 +39,7 @@ def test_k18_every_env_of_every_thread_and_process_has_its_own_seed_and_first_ob
     assert len(set(later)) == 32 and not set(later) & set(seeds)
 
 
-def test_k18_each_learner_device_draws_its_own_minibatch_permutation():
+def test_each_learner_device_draws_its_own_minibatch_permutation():
     devices = jax.devices()
     placement = Placement([devices[0]], devices[1:3])
     args = Args(env_id="CartPole-v1", hiddens=(8,), num_minibatches=2, local_num_envs=4)

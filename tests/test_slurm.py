@@ -1,4 +1,4 @@
-"""K19: the sbatch template run locally, with stand-ins for `srun` (runs the task here) and
+"""The sbatch template run locally, with stand-ins for `srun` (runs the task here) and
 `scontrol` (records its call): SIGUSR1 sent to the batch shell alone reaches the trainer, which
 checkpoints and exits 138, and the job is requeued exactly once (warpx PR#4665)."""
 
@@ -22,7 +22,7 @@ def stand_in(path: Path, body: str):
     path.chmod(path.stat().st_mode | stat.S_IEXEC)
 
 
-def test_k19_the_pre_emption_signal_sent_to_the_batch_shell_reaches_the_trainer(tmp_path):
+def test_the_pre_emption_signal_sent_to_the_batch_shell_reaches_the_trainer(tmp_path):
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir()
     # srun: drop its own options, run the task in place (exec: the shell's child is the trainer).
