@@ -13,7 +13,7 @@ from the policy, as in training, or with --greedy are its mode (argmax of the lo
 Gaussian mean, clipped to the action bounds). Observations are normalised with the statistics saved in the
 checkpoint when the run used --norm-obs. Prints the mean ±
 standard deviation of the raw (unclipped) return and of the length in env steps (Atari:
-frames = 4x), or a JSON object with --json. --video PATH writes the first --video-episodes
+frames = 4x), or a JSON object with --json. --video [PATH] writes the first --video-episodes
 episodes as one mp4 (EnvPool's rgb_array frames; imageio with ffmpeg). A run directory without a config or the named
 checkpoint ends with one line saying what is there, exit status 1.
 """
@@ -34,6 +34,7 @@ import numpy as np
 import orbax.checkpoint as ocp
 
 ROOT = Path(__file__).resolve().parents[1]
+VIDEO_UNDER_RUN = Path("<under the run directory>")  # --video given without a path
 sys.path.insert(0, str(ROOT))
 
 from sebulba.checkpoints import complete_steps  # noqa: E402
@@ -137,7 +138,9 @@ def main(argv: list[str] | None = None) -> dict:
                         "sampled actions (on Atari a greedy policy can stall a game until the 27k-step limit)")
     parser.add_argument("--seed", type=int, default=0, help="env and action seed")
     parser.add_argument("--json", action="store_true", help="print one JSON object instead of a line of text")
-    parser.add_argument("--video", type=Path, default=None, help="write the first episode(s) to this mp4 file")
+    parser.add_argument("--video", type=Path, nargs="?", const=VIDEO_UNDER_RUN, default=None, metavar="PATH",
+                        help="write the first episode(s) to this mp4 file; with no PATH, to RUN_DIR/videos/"
+                             "update<N>_seed<S>_<policy>.mp4 (the path is printed)")
     parser.add_argument("--video-episodes", type=int, default=1, help="episodes recorded with --video")
     cli = parser.parse_args(argv)
     warnings.filterwarnings("ignore", message=".*precision lowered by casting to float32", category=UserWarning)
@@ -145,7 +148,15 @@ def main(argv: list[str] | None = None) -> dict:
         parser.error(f"--episodes {cli.episodes} must be positive")
     if cli.video is not None and not 1 <= cli.video_episodes <= cli.episodes:
         parser.error(f"--video-episodes {cli.video_episodes} must be between 1 and --episodes {cli.episodes}")
+    if cli.video is not None:
+        try:  # before any episode is played
+            import imageio.v2  # noqa: F401
+            import imageio_ffmpeg  # noqa: F401
+        except ImportError:
+            parser.error('--video needs imageio and its ffmpeg plugin: pip install -e ".[eval]"')
     module, args, agent, spec, params, update = load(cli.run_dir, cli.checkpoint)
+    if cli.video == VIDEO_UNDER_RUN:
+        cli.video = cli.run_dir / "videos" / f"update{update}_seed{cli.seed}_{'greedy' if cli.greedy else 'sampled'}.mp4"
     result = {"run_dir": str(cli.run_dir), "env_id": args.env_id, "checkpoint": update, "seed": cli.seed,
               "policy": "greedy" if cli.greedy else "sampled",
               **evaluate(module, args, agent, spec, params, cli.episodes, cli.seed, cli.greedy, cli.video,

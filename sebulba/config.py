@@ -16,6 +16,7 @@ import difflib
 import os
 import time
 from dataclasses import dataclass
+from pathlib import Path
 
 import envpool
 
@@ -123,6 +124,17 @@ def check_ranges(flags, positive=(), above_zero=(), unit_interval=(), non_negati
             raise ConfigError(f"{flag(name)}={getattr(flags, name)} must be >= 0")
 
 
+def check_network(env_id: str, channels, hiddens):
+    """Atari's IMPALA ResNet needs at least one conv stack and one dense layer.
+
+    Raises:
+      ConfigError: --channels or --hiddens is empty on an Atari task.
+    """
+    if is_atari(env_id) and (not channels or not hiddens):
+        raise ConfigError(f"--channels {' '.join(map(str, channels))} --hiddens {' '.join(map(str, hiddens))}: "
+                          "Atari's IMPALA ResNet needs at least one width in each (defaults: 16 32 32 and 256)")
+
+
 def nearest_multiples(value: int, divisor: int) -> str:
     """'48 or 64': the multiples of `divisor` on either side of `value` (positive ones only)."""
     lower = (value // divisor) * divisor
@@ -219,7 +231,11 @@ def resolve_run(flags: RunFlags, num_steps: int, cluster: Cluster = Cluster()) -
     """
     check_ranges(flags, positive=("local_num_envs", "num_actor_threads", "total_timesteps", "log_frequency"),
                  above_zero=("stall_timeout_s",),
-                 non_negative=("max_policy_lag", "checkpoint_interval", "eval_interval", "eval_episodes"))
+                 non_negative=("max_policy_lag", "checkpoint_interval", "eval_interval", "eval_episodes",
+                               "num_env_threads"))  # a negative thread count aborts inside EnvPool
+    if flags.run_name is not None and (not flags.run_name or Path(flags.run_name).name != flags.run_name
+                                       or flags.run_name in (".", "..")):
+        raise ConfigError(f"--run-name {flags.run_name!r} must name one directory inside runs/: no '/', '.' or '..'")
     if not flags.actor_device_ids or not flags.learner_device_ids:
         raise ConfigError("--actor-device-ids and --learner-device-ids each need at least one id")
     for name, ids in (("actor", flags.actor_device_ids), ("learner", flags.learner_device_ids)):

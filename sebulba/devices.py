@@ -16,6 +16,7 @@ from jax.sharding import PartitionSpec as P
 from sebulba.config import Cluster, ConfigError
 
 HEARTBEAT_TIMEOUT_S = 20  # a process silent this long is dead: jax.distributed ends the others
+MAX_VIRTUAL_CPU_DEVICES = 64  # a typo such as device id 99 must not quietly make a hundred CPU devices
 
 
 def setup_devices(actor_device_ids: list[int], learner_device_ids: list[int],
@@ -37,8 +38,8 @@ def setup_devices(actor_device_ids: list[int], learner_device_ids: list[int],
     created = False
     if "xla_force_host_platform_device_count" not in os.environ.get("XLA_FLAGS", ""):
         with contextlib.suppress(RuntimeError):  # the backend is already up (e.g. in tests): use what exists
-            if needed > jax.config.jax_num_cpu_devices:
-                jax.config.update("jax_num_cpu_devices", needed)
+            if needed > jax.config.jax_num_cpu_devices:  # more than MAX_VIRTUAL_CPU_DEVICES: refused below
+                jax.config.update("jax_num_cpu_devices", min(needed, MAX_VIRTUAL_CPU_DEVICES))
                 created = True
     if cluster.num_processes > 1:
         jax.config.update("jax_cpu_collectives_implementation", "gloo")
@@ -48,6 +49,9 @@ def setup_devices(actor_device_ids: list[int], learner_device_ids: list[int],
                                    cluster.process_id if explicit else None, local_device_ids=ids,
                                    heartbeat_timeout_seconds=HEARTBEAT_TIMEOUT_S)
     devices = jax.local_devices()
+    if needed > len(devices) and created and devices[0].platform == "cpu":
+        raise ConfigError(f"device id {needed - 1} requested but without an accelerator at most "
+                          f"{MAX_VIRTUAL_CPU_DEVICES} virtual CPU devices are made; use ids 0..{len(devices) - 1}")
     if needed > len(devices):
         raise ConfigError(f"device id {needed - 1} requested but this process has {len(devices)} "
                           f"{devices[0].platform} devices; use ids 0..{len(devices) - 1}")

@@ -51,8 +51,8 @@ from jax.sharding import PartitionSpec as P
 if not __package__:  # run as a file: import the shared modules from this checkout (installed or not), and
     sys.path[0] = str(Path(__file__).resolve().parents[1])  # keep sebulba/config.py etc. off the top level
 
-from sebulba.config import (Cluster, ConfigError, RunFlags, Setup, check_ranges, detect_cluster, normalization,
-                            resolve_run)
+from sebulba.config import (Cluster, ConfigError, RunFlags, Setup, check_network, check_ranges, detect_cluster,
+                            normalization, resolve_run)
 from sebulba.devices import Placement, host
 from sebulba.envs import is_atari, make_spec, recv_batch
 from sebulba.learner import Bookkeeping, LearnerState, make_normalizer_update
@@ -68,8 +68,6 @@ class Args(RunFlags):
 
     exp_name: str = "impala_envpool"
     """experiment name, part of the default run name"""
-    env_id: str = "Breakout-v5"
-    """EnvPool task id: Atari `*-v5` (IMPALA ResNet) or a vector-observation discrete task (MLP)"""
     max_policy_lag: int = 1
     """bound on policy lag (learner version - version that chose the action); 0 = synchronous (lockstep envs, actors
     wait for every update); rollouts are trained as they arrive, so a slow thread's lag can exceed it by ~the thread count"""
@@ -110,6 +108,7 @@ def resolve(args: Args, cluster: Cluster = Cluster()) -> Setup:
     """
     check_ranges(args, positive=("num_steps",), above_zero=("learning_rate", "max_grad_norm", "rho_clip", "c_clip"),
                  unit_interval=("gamma", "vtrace_lambda"), non_negative=("ent_coef", "vf_coef"))
+    check_network(args.env_id, args.channels, args.hiddens)
     if args.optimizer not in ("rmsprop", "adam"):
         raise ConfigError(f"--optimizer {args.optimizer}: use rmsprop or adam")
     if args.c_clip > args.rho_clip:

@@ -51,7 +51,8 @@ if not __package__:  # run as a file: import the shared modules from this checko
     sys.path[0] = str(Path(__file__).resolve().parents[1])  # keep sebulba/config.py etc. off the top level
 
 from sebulba import config
-from sebulba.config import Cluster, ConfigError, RunFlags, check_ranges, detect_cluster, normalization, resolve_run
+from sebulba.config import (Cluster, ConfigError, RunFlags, check_network, check_ranges, detect_cluster, normalization,
+                            resolve_run)
 from sebulba.devices import Placement, host
 from sebulba.envs import is_atari, make_spec, recv_batch
 from sebulba.learner import Bookkeeping, LearnerState, make_normalizer_update
@@ -115,8 +116,9 @@ def resolve(args: Args, cluster: Cluster = Cluster()) -> Setup:
       ConfigError: one line naming the flag and valid values.
     """
     check_ranges(args, positive=("num_steps", "num_minibatches", "gradient_accumulation_steps", "update_epochs"),
-                 above_zero=("learning_rate", "max_grad_norm"), unit_interval=("gamma", "gae_lambda"),
+                 above_zero=("learning_rate", "max_grad_norm", "clip_coef"), unit_interval=("gamma", "gae_lambda"),
                  non_negative=("ent_coef", "vf_coef"))
+    check_network(args.env_id, args.channels, args.hiddens)
     setup = resolve_run(args, args.num_steps, cluster)
     per_learner = args.num_steps * setup.envs_per_learner
     chunks = args.num_minibatches * args.gradient_accumulation_steps

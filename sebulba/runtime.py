@@ -11,10 +11,14 @@ from __future__ import annotations
 import collections
 import contextlib
 import dataclasses
+import importlib.metadata
 import json
 import os
+import platform
 import queue
+import shlex
 import signal
+import subprocess
 import sys
 import threading
 import time
@@ -108,7 +112,8 @@ class Run:
             print("warning: --deterministic with --checkpoint-interval 0: a stop signal leaves nothing to resume from")
         if run.lead:
             (run.run_dir / "config.json").write_text(json.dumps({"args": dataclasses.asdict(flags),
-                                                                 "derived": dataclasses.asdict(setup)}, indent=2))
+                                                                 "derived": dataclasses.asdict(setup),
+                                                                 "software": software()}, indent=2))
             num_steps, per_process = setup.batch_size // setup.num_envs_total, setup.num_actor_threads_total * flags.local_num_envs
             print(f"run {setup.run_name}{', deterministic' * flags.deterministic}: {setup.num_processes} process(es) x "
                   f"{len(actor_devices)} actor device(s) x {flags.num_actor_threads} thread(s) x {flags.local_num_envs} "
@@ -117,6 +122,8 @@ class Run:
                   f"{num_steps * flags.local_num_envs} per thread, {num_steps * per_process} per process, "
                   f"{setup.batch_size} in all; {setup.num_updates} updates" + "; observation normalisation" * setup.norm_obs
                   + "; reward scaling" * setup.norm_reward)
+            print(f"writing {run.run_dir}/: config.json, TensorBoard events, checkpoints/, summary.json at the end; "
+                  "watch it with: tensorboard --logdir runs", flush=True)
         run.placement = Placement(actor_devices, learner_devices)
         run.wandb_id = uuid.uuid4().hex[:12] if flags.track else None
         if run.meta is not None:
@@ -225,7 +232,7 @@ class Run:
         summary = self.summary
         elapsed = time.time() - start_time - summary.get("final_eval", {}).get("time_s", 0.0)  # training alone
         summary.update(elapsed_s=elapsed, sps=(summary["global_step"] - self.start_update * setup.batch_size) / elapsed,
-                       run_dir=str(self.run_dir))
+                       run_dir=str(self.run_dir.absolute()))
         if self.lead:
             (self.run_dir / "summary.json").write_text(json.dumps(summary, indent=2))
             status = f"stopped by {summary['interrupted_by']}" if "interrupted_by" in summary else "done"
@@ -233,7 +240,38 @@ class Run:
             print(f"{status}: {summary['global_step']} env steps, {elapsed:.1f}s this session ({summary['sps']:.0f} SPS), "
                   f"episodic return {'n/a (no game finished)' if ret is None else f'{ret:.1f}'}; "
                   f"checkpoint {summary.get('checkpoint')}")
+            if "interrupted_by" in summary:
+                print(f"to resume: {resume_command(setup.run_name)}", flush=True)
         return summary
+
+
+def software() -> dict:
+    """What a rerun needs to reproduce this one: Python's and the libraries' versions, the git
+    commit of the code (with `dirty` when it had uncommitted changes; None outside a checkout)."""
+    versions = {"python": platform.python_version()}
+    for package in ("jax", "jaxlib", "flax", "optax", "orbax-checkpoint", "envpool", "numpy", "tyro", "wandb",
+                    "tensorboardX"):
+        with contextlib.suppress(importlib.metadata.PackageNotFoundError):
+            versions[package] = importlib.metadata.version(package)
+    here = Path(__file__).resolve().parent
+    commit = subprocess.run(["git", "-C", str(here), "rev-parse", "HEAD"], capture_output=True, text=True)
+    dirty = subprocess.run(["git", "-C", str(here), "status", "--porcelain", "--untracked-files=no"],
+                           capture_output=True, text=True)
+    git = None
+    if commit.returncode == 0:
+        git = {"commit": commit.stdout.strip(), "dirty": bool(dirty.stdout.strip())}
+    return {"versions": versions, "git": git}
+
+
+def resume_command(run_name: str) -> str:
+    """The command that resumes this run: the script's own command line with --run-name, when
+    it was started as `python sebulba/<script>.py ...`; else a sentence saying the same."""
+    script = Path(sys.argv[0])
+    if script.suffix != ".py" or script.parent.name != "sebulba" or not script.is_file():
+        return f"the same command with --run-name {run_name}"
+    argv = sys.argv[1:]
+    named = "--run-name" in argv or any(a.startswith("--run-name=") for a in argv)
+    return shlex.join(["python", sys.argv[0], *argv, *([] if named else ["--run-name", run_name])])
 
 
 def run_cli(args_type: type, main, argv: list[str] | None = None) -> int:

@@ -40,6 +40,10 @@ def test_envs_not_divisible_by_learners_names_nearest_values():
     (dict(actor_device_ids=[]), r"--actor-device-ids and --learner-device-ids each need at least one id"),
     (dict(deterministic=True, async_batch_size=4), r"--deterministic steps every env in lockstep"),
     (dict(max_policy_lag=0, async_batch_size=4), r"--max-policy-lag 0 \(synchronous\) steps every env in lockstep"),
+    (dict(num_env_threads=-1), r"--num-env-threads=-1 must be >= 0"),  # EnvPool aborted the process (exit 134)
+    (dict(run_name="../escape"), r"--run-name '../escape' must name one directory inside runs/"),
+    (dict(run_name="a/b"), r"--run-name 'a/b' must name one directory inside runs/"),
+    (dict(run_name=".."), r"must name one directory inside runs/"),
 ])
 def test_bad_shared_values_are_refused(change, message):
     with pytest.raises(ConfigError, match=message):
@@ -55,6 +59,9 @@ def test_bad_shared_values_are_refused(change, message):
     (dict(max_grad_norm=0.0), r"--max-grad-norm=0.0 must be positive"),
     (dict(vf_coef=-0.5), r"--vf-coef=-0.5 must be >= 0"),
     (dict(total_timesteps=100), r"--total-timesteps=100 is smaller than one batch \(256"),  # the shared checks too
+    (dict(clip_coef=-0.1), r"--clip-coef=-0.1 must be positive"),
+    (dict(env_id="Breakout-v5", channels=()), r"Atari's IMPALA ResNet needs at least one width in each"),
+    (dict(env_id="Breakout-v5", hiddens=()), r"--channels 16 32 32 --hiddens : Atari's IMPALA ResNet"),
 ])
 def test_bad_ppo_values_are_refused(change, message):
     with pytest.raises(ConfigError, match=message):
@@ -107,3 +114,7 @@ def test_cli_wrong_flag_and_bad_value_exit_nonzero_with_one_clear_line():
     assert out.returncode == 2
     assert out.stderr.strip().splitlines()[-1] == (
         "error: --local-num-envs=6 is not divisible by 4 learner devices; use 4 or 8")
+    out = run_cli("ppo_envpool.py", "--env-id", "CartPole-v1", "--learner-device-ids", "99")  # a typo for 9?
+    assert out.returncode == 2 and out.stderr.strip().splitlines()[-1] == (
+        "error: device id 99 requested but without an accelerator at most 64 virtual CPU devices are made; "
+        "use ids 0..63")

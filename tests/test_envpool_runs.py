@@ -70,8 +70,12 @@ def test_breakout_a0_l123_tiny_run_finishes(capsys):
     assert {"global_step", "elapsed_s", "sps", "episodic_return_mean"} <= set(written)
     assert written["global_step"] == 144 and written["sps"] > 0
     assert written["final_eval"]["episodic_length_mean"] > 0  # two whole games of the full Atari protocol
-    assert json.loads(Path("runs/breakout/config.json").read_text())["args"]["learner_device_ids"] == [1, 2, 3]
+    config = json.loads(Path("runs/breakout/config.json").read_text())
+    assert config["args"]["learner_device_ids"] == [1, 2, 3]
+    assert {"python", "jax", "envpool", "flax"} <= set(config["software"]["versions"])  # what reproduces the run
+    assert len(config["software"]["git"]["commit"]) == 40
     out = capsys.readouterr().out
+    assert "writing runs/breakout/: config.json, TensorBoard events" in out and "tensorboard --logdir runs" in out
     assert "update 3/3" in out and "done: 144 env steps" in out
     assert "final eval at update 3 (sampled actions): return" in out
 

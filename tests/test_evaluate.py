@@ -128,3 +128,8 @@ def test_video_has_one_frame_per_step_of_the_recorded_episodes(env_id, capsys):
     assert f"video: {video} ({result['video_frames']} frames)" in capsys.readouterr().out
     assert result["video_frames"] == result["lengths"][0] + 1 + result["lengths"][1] + 1  # first obs + each step
     assert frames_in(video) == result["video_frames"]
+    if env_id == "CartPole-v1":  # --video with no path: under the run directory, the path printed
+        again = evaluate.main(["runs/tiny", "--episodes", "2", "--seed", "5", "--video"])
+        default = Path("runs/tiny/videos/update1_seed5_sampled.mp4")
+        assert f"video: {default} (" in capsys.readouterr().out and again["video"] == str(default)
+        assert frames_in(default) == again["video_frames"] == again["lengths"][0] + 1

@@ -161,6 +161,7 @@ def test_two_learner_devices_take_the_step_of_one_device_on_the_whole_batch():
     (dict(vtrace_lambda=1.5), r"--vtrace-lambda=1.5 must be in \(0, 1\]"),
     (dict(rho_clip=0.0), r"--rho-clip=0.0 must be positive"),
     (dict(total_timesteps=100), r"--total-timesteps=100 is smaller than one batch"),  # the shared checks too
+    (dict(env_id="Breakout-v5", channels=()), r"Atari's IMPALA ResNet needs at least one width in each"),
 ])
 def test_bad_values_are_refused(change, message):
     with pytest.raises(ConfigError, match=message):

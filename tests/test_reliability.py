@@ -138,6 +138,7 @@ def test_a_stop_signal_checkpoints_and_the_same_command_resumes(sig, code, scrip
     rest, _ = proc.communicate(timeout=60)
     assert proc.returncode == code, "".join(lines) + rest
     assert f"{sig.name}: checkpointing and stopping" in rest
+    assert "to resume: the same command with --run-name preempted" in rest
     stopped = json.loads(Path("runs/preempted/summary.json").read_text())
     assert stopped["interrupted_by"] == sig.name and 10 <= stopped["updates"] < 60
     assert (Path("runs/preempted/checkpoints") / str(stopped["updates"])).is_dir()
