@@ -305,8 +305,11 @@ def run_actor(envs, policy, device: jax.Device, key, params_slot: ParamsSlot, ro
         with timer("inference_time_s"):
             action, env_action, logprob, value, key = policy(params[device], obs, key)
             action, logprob, value = np.asarray(action), np.asarray(logprob), np.asarray(value)
-        with timer("env_send_time_s"):
-            envs.send(action if env_action is None else np.asarray(env_action), env_id)
+            sent = np.array(action if env_action is None else env_action)
+        late, wanted = assembler.late_first_rows(env_id, args.max_policy_lag, version)
+        if not late.any():
+            with timer("env_send_time_s"):
+                envs.send(sent, env_id)
         with timer("rollout_assembly_time_s"):
             completed = assembler.add(env_id, obs, reward, terminated, truncated, lives, action, logprob, value, version)
         for rollout, returns, lengths in completed:
@@ -315,6 +318,16 @@ def run_actor(envs, policy, device: jax.Device, key, params_slot: ParamsSlot, ro
             with timer("rollout_queue_put_time_s"):
                 timed_put(rollout_queue, (rollout, returns, lengths, stats), stop, args.stall_timeout_s, name)
             last_emit = now
+        if late.any():  # --max-policy-lag 0: a rollout's first action comes from the params trained on the last one
+            if wanted <= assembler.emitted:  # (a version this thread's own unfinished rollout holds up: never)
+                with timer("params_wait_time_s"):
+                    version, params = params_slot.wait(wanted, stop, args.stall_timeout_s, name, exact=args.deterministic)
+                with timer("inference_time_s"):
+                    action, env_action, logprob, value, key = policy(params[device], obs[late], key)
+                    sent[late] = np.asarray(action if env_action is None else env_action)
+                assembler.restart_rows(env_id[late], np.asarray(action), np.asarray(logprob), np.asarray(value), version)
+            with timer("env_send_time_s"):
+                envs.send(sent, env_id)
 
 
 # ---------------------------------------------------------------------------

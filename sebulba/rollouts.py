@@ -89,6 +89,25 @@ class RolloutAssembler:
         and at least `floor` (--deterministic: the pool's first rollout)."""
         return max(min(int(self.action_generation(env_id).max()) - max_policy_lag, self.emitted), floor)
 
+    def late_first_rows(self, env_id, max_policy_lag: int, version: int):
+        """Before `add`: ([B] bool, version) - the rows of this batch that end rollout g - 1 and so
+        also start rollout g, whose action, chosen with `version`, is older than g - max_policy_lag
+        allows, and the version they need. With --max-policy-lag 0 it exists only once rollout
+        g - 1 is handed over: the actor chooses those actions again then (`restart_rows`)."""
+        generation = self.action_generation(env_id)
+        late = (self.row[env_id] == self.num_steps) & (generation - max_policy_lag > version)
+        return late, int(generation[late].max()) - max_policy_lag if late.any() else version
+
+    def restart_rows(self, env_id, actions, logprobs, values, version: int):
+        """After `add`: row 0 of the rollouts that envs `env_id` just started holds the action chosen
+        again for it ([B] arrays as in `add`); row T of the rollout they finished keeps the first."""
+        generations = self.generation[env_id]
+        for g in np.unique(generations):
+            sel, buffer = generations == g, self.buffers[int(g)]
+            envs = env_id[sel]
+            buffer.actions[0, envs], buffer.logprobs[0, envs], buffer.values[0, envs] = actions[sel], logprobs[sel], values[sel]
+            buffer.versions[0, envs] = version
+
     def add(self, env_id, obs, reward, terminated, truncated, lives, actions, logprobs, values, version: int):
         """Record one batch (all [B] arrays, `reward` raw). Returns the rollouts completed by it,
         each as (Rollout, episode returns, episode lengths) for games that ended since the last one."""

@@ -121,11 +121,12 @@ def test_envs_running_ahead_write_into_the_next_rollout():
     np.testing.assert_array_equal(second.obs[:, 1, 0], [12, 13, 14])
 
 
-@pytest.mark.parametrize("max_policy_lag", [0, 1])
+@pytest.mark.parametrize("max_policy_lag", [0, 1, 2])
 def test_policy_lag_stays_within_the_bound_and_zero_means_synchronous(max_policy_lag):
     """The real actor loop against a learner thread that publishes version u + 1 after taking
     rollout u: the lag of every transition (u - version that chose it) obeys the bound; with 0
-    the actor steps no env for rollout g beyond its first action until version g exists."""
+    the actor steps no env for rollout g until version g exists; every recorded action is the
+    one the env received."""
     num_envs, num_steps, num_rollouts = 2, 3, 4
     pool = ScriptedPool([[0, 1]] * 100, num_envs)
     agent = Agent(num_actions=3, channels=(), hiddens=(8,), atari=False)
@@ -133,11 +134,12 @@ def test_policy_lag_stays_within_the_bound_and_zero_means_synchronous(max_policy
     slot = ParamsSlot()
     slot.publish(0, {device: (agent.init(jax.random.PRNGKey(0), jnp.zeros((1, 3))), RunningMoments.create(()))})
     rollouts: queue.Queue = queue.Queue(maxsize=1)
-    lags, recvs_at_publish = [], []
+    lags, recvs_at_publish, taken = [], [], []
 
     def learner():
         for update in range(num_rollouts):
             rollout, *_ = rollouts.get(timeout=10)
+            taken.append(rollout)
             lags.append(update - rollout.versions[:-1])
             time.sleep(0.05)  # an update takes time; a synchronous actor must wait it out
             recvs_at_publish.append(pool.calls)
@@ -150,12 +152,16 @@ def test_policy_lag_stays_within_the_bound_and_zero_means_synchronous(max_policy
               Args(stall_timeout_s=5, max_policy_lag=max_policy_lag), num_envs, threading.Event(), "actor")
     thread.join(timeout=10)
     lags = np.stack(lags)  # [update, step, env]
-    assert lags.max() <= max(max_policy_lag, 1)
+    assert lags.max() <= max_policy_lag
+    for g, rollout in enumerate(taken):  # rows 0..T-1 of rollout g are the env's actions g*T .. g*T+T-1
+        for e in range(num_envs):
+            np.testing.assert_array_equal(rollout.actions[:-1, e], pool.actions_received[e][g * num_steps:][:num_steps])
     if max_policy_lag == 0:
-        # Row 0's action is chosen on the recv that completes the previous rollout, before its update.
-        assert (lags[:, 1:] == 0).all() and (lags[1:, 0] == 1).all()
-        # Rollout g takes recvs g*T+1 .. (g+1)*T+1; during update g only its first action is in flight.
-        assert recvs_at_publish[:-1] == [(g + 1) * num_steps + 2 for g in range(num_rollouts - 1)]
+        # Row 0's action is chosen again once the update of the rollout it ends is published, as a
+        # synchronous loop does: rollout g takes recvs g*T+1 .. (g+1)*T+1, and during update g no
+        # action is in flight (the actor waits before its send).
+        assert (lags == 0).all()
+        assert recvs_at_publish[:-1] == [(g + 1) * num_steps + 1 for g in range(num_rollouts - 1)]
 
 
 def test_deterministic_env_segments_restart_at_every_checkpoint_interval():

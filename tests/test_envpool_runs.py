@@ -94,6 +94,20 @@ def test_cartpole_preset_learns():
 
 
 @pytest.mark.slow
+@pytest.mark.parametrize("max_policy_lag", [0, 1, 2])
+def test_the_policy_lag_bound_holds_on_a_real_run(max_policy_lag):
+    """The README CartPole command with --max-policy-lag L: policy_lag/max read back from
+    TensorBoard never exceeds L at any update; L = 0 is a synchronous loop (every lag 0)."""
+    main(Args(**{**CARTPOLE_PRESET, "total_timesteps": 2560}, max_policy_lag=max_policy_lag, log_frequency=1,
+              eval_episodes=0, run_name="lag"))
+    events = EventAccumulator("runs/lag").Reload()
+    lag_max = [e.value for e in events.Scalars("policy_lag/max")]
+    assert len(lag_max) == 10 and max(lag_max) <= max_policy_lag, lag_max
+    if max_policy_lag == 0:
+        assert [e.value for e in events.Scalars("policy_lag/mean")] == [0.0] * 10
+
+
+@pytest.mark.slow
 def test_metrics_reach_tensorboard_and_offline_wandb():
     # Two actor devices with two threads each (a0,1-l2,3): four pools feed every update.
     main(Args(env_id="CartPole-v1", local_num_envs=8, num_steps=16, num_actor_threads=2, total_timesteps=8 * 16 * 4 * 4,
