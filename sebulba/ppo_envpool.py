@@ -287,6 +287,8 @@ def run_actor(envs, policy, device: jax.Device, key, params_slot: ParamsSlot, ro
     """Step `envs` with strictly alternating recv -> policy -> send until the assembler has
     emitted rollout `num_rollouts - 1`.
 
+    The recorded log-probabilities are PPO's old policy in the ratio and the recorded values
+    GAE's baselines, both from the params version recorded with them.
     Each queued item is (Rollout, episode returns, episode lengths, stats dict in seconds).
     With --deterministic each batch is the whole pool sorted by env id, and the action
     starting a transition of rollout g comes from params version max(g - max_policy_lag,
