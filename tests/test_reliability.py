@@ -14,6 +14,7 @@ import threading
 import time
 from pathlib import Path
 
+import psutil
 import pytest
 import tyro
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
@@ -234,8 +235,13 @@ def test_no_metric_is_dropped_after_resuming_from_an_older_checkpoint():
     for line in proc.stdout:
         if line.startswith("step ") and "update 6/" in line:
             break
+    # W&B's service process watches the run's pid and holds the run id until it notices the death
+    # ("run ID ... is in use" meanwhile): wait for it, as a user's rerun a few seconds later would.
+    service = [p for p in psutil.process_iter(["cmdline"]) if "--pid" in (p.info["cmdline"] or [])
+               and str(proc.pid) in p.info["cmdline"]]
     proc.kill()
     proc.communicate(timeout=60)
+    psutil.wait_procs(service, timeout=60)
     assert sorted(p.name for p in Path("runs/killed/checkpoints").iterdir() if p.name.isdigit()) == ["4"]
     out, _ = run_cli([*flags, "--total-timesteps", str(8 * 16 * 10)], WANDB_SPY)
     assert out.returncode == 0 and "resumed from" in out.stdout, out.stdout[-2000:] + out.stderr[-2000:]
