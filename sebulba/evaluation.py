@@ -77,7 +77,17 @@ def run_evaluator(evaluator: Evaluator, params_slot: ParamsSlot, results: queue.
         while (wanted := (version // interval + 1) * interval) < num_updates:
             # No deadline: stalls are the actors' and the learner's to detect; `stop` ends the wait.
             version, params = params_slot.wait(wanted, stop, float("inf"), "evaluator")
-            metrics = evaluator(params[device], stop) | {"eval/params_version": float(version)}
+            try:
+                metrics = evaluator(params[device], stop) | {"eval/params_version": float(version)}
+            except Stopped:
+                print(f"eval at update {version} was still running when the run stopped: not logged", flush=True)
+                raise
+            if stop.is_set():  # training ended meanwhile: Run.launch logs what is in the queue
+                if results.full():
+                    print(f"eval at update {version} finished after the run stopped: not logged", flush=True)
+                else:
+                    results.put_nowait(metrics)
+                return
             timed_put(results, metrics, stop, stall_timeout_s, "evaluator")
     finally:
         evaluator.close()

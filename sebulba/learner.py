@@ -93,16 +93,6 @@ class Bookkeeping:
             episodic_return_mean=float(np.mean([r for r, _ in episodes])) if episodes else None,
             episodic_length_mean=float(np.mean([n for _, n in episodes])) if episodes else None)
 
-    def log_eval(self, metrics: dict[str, float], global_step: int, final: bool = False):
-        run = self.run
-        version = int(metrics["eval/params_version"])
-        run.logger.log(metrics | {"eval/global_step": version * run.setup.batch_size}, global_step)
-        print(f"{'final eval' if final else 'eval'} at update {version} "
-              f"({'greedy' if run.flags.eval_greedy else 'sampled'} actions): return "
-              f"{metrics['eval/episodic_return_mean']:.1f} ± {metrics['eval/episodic_return_std']:.1f}, length "
-              f"{metrics['eval/episodic_length_mean']:.1f} ({run.flags.eval_episodes} episodes, "
-              f"{metrics['eval/time_s']:.1f}s)", flush=True)
-
     def record(self, update: int, state, key, lag, items, losses: dict[str, float], stage_times: dict[str, float]):
         """After update `update` (0-based) produced `state` (learner PRNG key `key`): `lag` [N]
         policy lag of every transition trained on, `items` (episode returns, episode lengths,
@@ -110,7 +100,7 @@ class Bookkeeping:
         seconds per stage."""
         run, setup, flags, window = self.run, self.run.setup, self.run.flags, self.window
         while not run.eval_results.empty():
-            self.log_eval(run.eval_results.get_nowait(), (update + 1) * setup.batch_size)
+            run.log_eval(run.eval_results.get_nowait(), (update + 1) * setup.batch_size)
         window["policy_lag/min"].append(lag.min())
         window["policy_lag/mean"].append(lag.mean())
         window["policy_lag/max"].append(lag.max())
@@ -186,7 +176,7 @@ class Bookkeeping:
         try:
             metrics = evaluator(params, run.interrupted) | {"eval/params_version": float(num_updates)}
             metrics["eval/time_s"] = time.perf_counter() - start  # with making the pool and compiling the policy
-            self.log_eval(metrics, run.summary["global_step"], final=True)
+            run.log_eval(metrics, run.summary["global_step"], final=True)
             run.summary["final_eval"] = {k.removeprefix("eval/"): v for k, v in metrics.items()} | {
                 "params_version": num_updates, "seed": evaluator.seed, "greedy": evaluator.greedy}
         except Stopped:  # a stop signal during the final evaluation: training is done and saved

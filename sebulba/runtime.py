@@ -190,6 +190,16 @@ class Run:
             self.make_evaluator = lambda: Evaluator(flags.env_id, flags.eval_episodes, agent, spec.action_space,
                                                     flags.eval_greedy, flags.seed + EVAL_SEED_OFFSET)
 
+    def log_eval(self, metrics: dict[str, float], global_step: int, final: bool = False, late: bool = False):
+        """eval/* metrics to TensorBoard / W&B at `global_step`, and one console line."""
+        version = int(metrics["eval/params_version"])
+        self.logger.log(metrics | {"eval/global_step": version * self.setup.batch_size}, global_step)
+        print(f"{'final eval' if final else 'eval'} at update {version} "
+              f"({'greedy' if self.flags.eval_greedy else 'sampled'} actions): return "
+              f"{metrics['eval/episodic_return_mean']:.1f} ± {metrics['eval/episodic_return_std']:.1f}, length "
+              f"{metrics['eval/episodic_length_mean']:.1f} ({self.flags.eval_episodes} episodes, "
+              f"{metrics['eval/time_s']:.1f}s){', finished after the last update' * late}", flush=True)
+
     def stop_requested(self) -> int:
         """The stop signal to act on now, agreed over every process (0: none); sets `stopped_by`."""
         self.stopped_by = (self.signum if self.setup.num_processes == 1
@@ -223,6 +233,8 @@ class Run:
                                    self.start_update, setup.num_updates, flags.stall_timeout_s, self.interrupted,
                                    first=True)
                 supervisor.run(learner)
+            while not self.eval_results.empty():  # an evaluation that finished after the learner's last look
+                self.log_eval(self.eval_results.get_nowait(), self.summary["global_step"], late=True)
         finally:
             self.logger.close()
             self.checkpointer.close()

@@ -2,6 +2,8 @@
 
 import json
 import sys
+import threading
+import time
 from pathlib import Path
 
 import jax
@@ -14,6 +16,7 @@ import tyro
 
 import sebulba.impala_envpool as impala
 import sebulba.ppo_envpool as ppo
+from sebulba import evaluation
 from sebulba.checkpoints import Checkpointer
 from sebulba.devices import Placement
 from sebulba.evaluation import EVAL_SEED_OFFSET
@@ -133,3 +136,22 @@ def test_video_has_one_frame_per_step_of_the_recorded_episodes(env_id, capsys):
         default = Path("runs/tiny/videos/update1_seed5_sampled.mp4")
         assert f"video: {default} (" in capsys.readouterr().out and again["video"] == str(default)
         assert frames_in(default) == again["video_frames"] == again["lengths"][0] + 1
+
+
+def test_an_evaluation_that_ends_after_the_last_update_is_still_logged(monkeypatch, capsys):
+    """The eval thread's evaluation of update 6 of 8 takes longer than the rest of training (and the
+    final evaluation): its result arrives when the learner has stopped looking, and is logged."""
+    real = evaluation.Evaluator.__call__
+
+    def slow(self, params, stop):
+        result = real(self, params, stop)
+        if threading.current_thread().name == "evaluator":  # not the final evaluation (the learner's)
+            time.sleep(3)
+        return result
+
+    monkeypatch.setattr(evaluation.Evaluator, "__call__", slow)
+    run = train(ppo, "late", 8 * 32 * 8, "--eval-interval", "6", "--eval-episodes", "2")
+    out = capsys.readouterr().out
+    assert "eval at update 6 (sampled actions): return" in out and "finished after the last update" in out
+    events = EventAccumulator(str(run)).Reload()
+    assert sorted(int(e.value) for e in events.Scalars("eval/params_version")) == [6, 8]  # periodic, final
