@@ -14,7 +14,6 @@ import threading
 import time
 from pathlib import Path
 
-import psutil
 import pytest
 import tyro
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
@@ -34,6 +33,12 @@ SCRIPTS = ["ppo_envpool", "impala_envpool"]
 COMMON = ["--env-id", "CartPole-v1", "--local-num-envs", "8", "--num-steps", "16", "--num-actor-threads", "2",
           "--hiddens", "16", "--log-frequency", "5"]
 SMALL = {"ppo_envpool": [*COMMON, "--update-epochs", "1"], "impala_envpool": COMMON}
+
+# A child process starts from a user's shell environment: without the W&B service address that an
+# in-process W&B run of this pytest process leaves in WANDB_SERVICE (children would share that
+# service, which still holds a killed child's run id as "in use").
+def shell_env() -> dict[str, str]:
+    return {k: v for k, v in os.environ.items() if k != "WANDB_SERVICE"}
 
 # Patches applied inside the child process before the CLI runs.
 ACTOR_FAULT = """
@@ -77,7 +82,7 @@ def run_cli(flags, patch="", timeout=180, script="ppo_envpool"):
     code = f"import sys, time\nimport sebulba.{script} as ppo\n{patch}\nsys.exit(ppo.cli(sys.argv[1:]))"
     start = time.monotonic()
     out = subprocess.run([sys.executable, "-c", code, *flags], capture_output=True, text=True, timeout=timeout,
-                         env={**os.environ, "PYTHONPATH": str(ROOT)})
+                         env={**shell_env(), "PYTHONPATH": str(ROOT)})
     return out, time.monotonic() - start
 
 
@@ -119,7 +124,7 @@ def test_a_normal_run_joins_every_thread_and_closes_every_pool(monkeypatch):
 def start_run(flags, script="ppo_envpool"):
     code = f"import sys\nimport sebulba.{script} as ppo\nsys.exit(ppo.cli(sys.argv[1:]))"
     return subprocess.Popen([sys.executable, "-c", code, *flags], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                            text=True, env={**os.environ, "PYTHONPATH": str(ROOT), "PYTHONUNBUFFERED": "1"})
+                            text=True, env={**shell_env(), "PYTHONPATH": str(ROOT), "PYTHONUNBUFFERED": "1"})
 
 
 # The signal handling is shared (sebulba/threads.py, runtime.py): each signal on one script.
@@ -232,17 +237,14 @@ def test_no_metric_is_dropped_after_resuming_from_an_older_checkpoint():
     flags = [*SMALL["ppo_envpool"], "--num-actor-threads", "1", "--checkpoint-interval", "4", "--log-frequency", "1",
              "--eval-episodes", "0", "--track", "--run-name", "killed"]
     proc = start_run([*flags, "--total-timesteps", str(8 * 16 * 1000)])
+    first = []
     for line in proc.stdout:
+        first.append(line)
         if line.startswith("step ") and "update 6/" in line:
             break
-    # W&B's service process watches the run's pid and holds the run id until it notices the death
-    # ("run ID ... is in use" meanwhile): wait for it, as a user's rerun a few seconds later would.
-    service = [p for p in psutil.process_iter(["cmdline"]) if "--pid" in (p.info["cmdline"] or [])
-               and str(proc.pid) in p.info["cmdline"]]
     proc.kill()
     proc.communicate(timeout=60)
-    psutil.wait_procs(service, timeout=60)
-    assert sorted(p.name for p in Path("runs/killed/checkpoints").iterdir() if p.name.isdigit()) == ["4"]
+    assert sorted(p.name for p in Path("runs/killed/checkpoints").iterdir() if p.name.isdigit()) == ["4"], "".join(first)
     out, _ = run_cli([*flags, "--total-timesteps", str(8 * 16 * 10)], WANDB_SPY)
     assert out.returncode == 0 and "resumed from" in out.stdout, out.stdout[-2000:] + out.stderr[-2000:]
     events = EventAccumulator("runs/killed").Reload()
