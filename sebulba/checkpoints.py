@@ -19,7 +19,8 @@ from sebulba.config import ConfigError, RunFlags, normalization
 
 # Flags that may differ between a run and its resumption; every other flag must match
 # (--norm-obs and --norm-reward by their resolved values).
-RESUMABLE_FLAGS = {"track", "wandb_project_name", "wandb_entity", "log_frequency", "num_env_threads",
+RESUMABLE_FLAGS = {"run_name",  # the checkpoint was found under runs/<run name>: a run started without one resumes with it
+                   "track", "wandb_project_name", "wandb_entity", "log_frequency", "num_env_threads",
                    "stall_timeout_s", "checkpoint_interval", "total_timesteps", "eval_interval", "eval_episodes",
                    "eval_greedy", "norm_obs", "norm_reward"}
 

@@ -274,6 +274,17 @@ def test_a_half_written_checkpoint_does_not_block_the_resume(capsys):
     assert sorted(int(p.name) for p in checkpoints.iterdir() if p.name.isdigit()) == [4, 8, 12]
 
 
+def test_a_run_started_without_a_name_resumes_with_the_name_it_printed(capsys):
+    """The README command has no --run-name: the stop line prints the command with the default name
+    added, and that command resumes (the checkpoint's saved run_name was None)."""
+    flags = [*SMALL["ppo_envpool"], "--num-actor-threads", "1", "--eval-episodes", "0", "--total-timesteps"]
+    first = ppo.main(tyro.cli(ppo.Args, args=[*flags, str(8 * 16 * 2)]))
+    name = Path(first["run_dir"]).name
+    capsys.readouterr()
+    again = ppo.main(tyro.cli(ppo.Args, args=[*flags, str(8 * 16 * 4), "--run-name", name]))
+    assert "resumed from" in capsys.readouterr().out and again["updates"] == 4
+
+
 @pytest.mark.parametrize("script", SCRIPTS)
 def test_deterministic_runs_are_bit_identical_and_a_stopped_run_resumes_into_the_same_run(script):
     """Two runs with the same seed and layout, and (PPO: the stop and resume path is shared) a
