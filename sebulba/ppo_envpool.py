@@ -289,6 +289,7 @@ def run_actor(envs, policy, device: jax.Device, key, params_slot: ParamsSlot, ro
 
     The recorded log-probabilities are PPO's old policy in the ratio and the recorded values
     GAE's baselines, both from the params version recorded with them.
+
     Each queued item is (Rollout, episode returns, episode lengths, stats dict in seconds).
     With --deterministic each batch is the whole pool sorted by env id, and the action
     starting a transition of rollout g comes from params version max(g - max_policy_lag,
@@ -321,7 +322,7 @@ def run_actor(envs, policy, device: jax.Device, key, params_slot: ParamsSlot, ro
                 timed_put(rollout_queue, (rollout, returns, lengths, stats), stop, args.stall_timeout_s, name)
             last_emit = now
         if late.any():  # --max-policy-lag 0: a rollout's first action comes from the params trained on the last one
-            if wanted <= assembler.emitted:  # (a version this thread's own unfinished rollout holds up: never)
+            if wanted <= assembler.emitted:  # never wait on this thread's own unfinished rollout (deadlock)
                 with timer("params_wait_time_s"):
                     version, params = params_slot.wait(wanted, stop, args.stall_timeout_s, name, exact=args.deterministic)
                 with timer("inference_time_s"):
