@@ -53,11 +53,7 @@ def complete_steps(directory: Path) -> list[int]:
     """The updates of the finished checkpoints under `directory`, oldest first."""
     if not directory.is_dir():
         return []
-    manager = ocp.CheckpointManager(directory.absolute(), options=ocp.CheckpointManagerOptions(create=False))
-    try:
-        return [s for s in manager.all_steps() if is_complete(directory / str(s))]
-    finally:
-        manager.close()
+    return sorted(int(p.name) for p in directory.iterdir() if p.is_dir() and p.name.isdigit() and is_complete(p))
 
 
 def read_resume_meta(directory: Path, flags: RunFlags, num_processes: int = 1) -> dict | None:

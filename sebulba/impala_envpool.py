@@ -287,7 +287,7 @@ def run_actor(envs, policy, device: jax.Device, key, params_slot: ParamsSlot, ro
         with timer("inference_time_s"):
             action, env_action, logprob, value, key = policy(params[device], obs, key)
             action, logprob, value = np.asarray(action), np.asarray(logprob), np.asarray(value)
-            sent = np.array(action if env_action is None else env_action)
+            sent = action if env_action is None else np.asarray(env_action)
         late, wanted = assembler.late_first_rows(env_id, args.max_policy_lag, version)
         if not late.any():
             with timer("env_send_time_s"):
@@ -306,6 +306,7 @@ def run_actor(envs, policy, device: jax.Device, key, params_slot: ParamsSlot, ro
                     version, params = params_slot.wait(wanted, stop, args.stall_timeout_s, name, exact=args.deterministic)
                 with timer("inference_time_s"):
                     action, env_action, logprob, value, key = policy(params[device], obs[late], key)
+                    sent = sent.copy()  # (the first choice is read-only, and recorded as row T)
                     sent[late] = np.asarray(action if env_action is None else env_action)
                 assembler.restart_rows(env_id[late], np.asarray(action), np.asarray(logprob), np.asarray(value), version)
             with timer("env_send_time_s"):

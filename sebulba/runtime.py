@@ -3,7 +3,8 @@ run share, and the steps every script's `main` takes in the same order. `Run.ope
 devices, checks for a checkpoint to resume, writes the run directory and prints the layout;
 `Run.resume` restores the learner state; `Run.actor_pool` gives an actor thread its EnvPool
 pool and rollout assembler; `Run.launch` opens the metric sinks, runs the threads (and the eval
-thread) under the supervisor and the stop signals, and writes the summary; `run_cli` maps the outcome to the exit code.
+thread) under the supervisor and the stop signals, and writes the summary; `run_cli` maps the
+outcome to the exit code.
 """
 
 from __future__ import annotations
@@ -114,7 +115,8 @@ class Run:
             (run.run_dir / "config.json").write_text(json.dumps({"args": dataclasses.asdict(flags),
                                                                  "derived": dataclasses.asdict(setup),
                                                                  "software": software()}, indent=2))
-            num_steps, per_process = setup.batch_size // setup.num_envs_total, setup.num_actor_threads_total * flags.local_num_envs
+            num_steps = setup.batch_size // setup.num_envs_total
+            per_process = setup.num_actor_threads_total * flags.local_num_envs
             print(f"run {setup.run_name}{', deterministic' * flags.deterministic}: {setup.num_processes} process(es) x "
                   f"{len(actor_devices)} actor device(s) x {flags.num_actor_threads} thread(s) x {flags.local_num_envs} "
                   f"envs (recv batch {setup.async_batch_size}) = {setup.num_envs_total} envs; {len(learner_devices)} "
