@@ -59,18 +59,15 @@ class RunFlags:
     episodic_life: bool = False
     """Atari: end a training episode at every life loss (the raw game return is still logged per game)"""
     norm_obs: bool | None = None
-    """True: normalise observations by their running mean and std (clipped to +-10); None: True for MuJoCo tasks,
-    False otherwise; vector observations only"""
+    """True: normalise observations by their running mean and std, clipped to +-10; None: on for MuJoCo tasks"""
     norm_reward: bool | None = None
-    """True: scale training rewards by the running std of the discounted return (clipped to +-10); None: True for
-    MuJoCo tasks, False otherwise; vector observations only"""
+    """True: scale training rewards by the running std of the discounted return; None: on for MuJoCo tasks"""
     eval_interval: int = 0
     """evaluate the newest params every this many updates in a separate thread on its own pool (eval/*); 0 = never"""
     eval_episodes: int = 10
     """episodes per evaluation (one per env of the eval pool), also of the final one in summary.json; 0 = none"""
     eval_greedy: bool = False
-    """evaluate with the policy's mode (argmax; the Gaussian mean) instead of sampled actions (on Atari a greedy
-    policy can stall a game until the 27k-step limit)"""
+    """evaluate with the policy's mode (argmax, Gaussian mean); on Atari a greedy policy can stall a game"""
 
     actor_device_ids: list[int] = dataclasses.field(default_factory=lambda: [0])
     """local device ids that run actor threads and policy inference"""
@@ -79,15 +76,13 @@ class RunFlags:
     num_actor_threads: int = 2
     """actor threads per actor device, each with its own EnvPool pool"""
     max_policy_lag: int = 1
-    """bound on policy lag (learner version - version that chose the action); 0 = synchronous: lockstep envs and
-    actors that wait for every update (CleanRL-style alternation, the baseline of benchmark/e2e.py)"""
+    """bound on policy lag (learner version - acting version); 0 = synchronous, as CleanRL alternates"""
     stall_timeout_s: float = 600.0
     """seconds without a rollout or a parameter update before the run fails as stalled"""
     checkpoint_interval: int = 100
     """save a checkpoint every this many updates (also at the end and on SIGINT/SIGTERM/SIGUSR1); 0 = only then"""
     distributed: bool = False
-    """join a multi-process run (jax.distributed); an srun step is detected, elsewhere also give --coordinator-address,
-    --num-processes and --process-id or JAX_COORDINATOR_ADDRESS, JAX_NUM_PROCESSES, JAX_PROCESS_ID"""
+    """join a multi-process run (jax.distributed): an srun step, or the three flags below (docs/distributed.md)"""
     coordinator_address: str | None = None
     """--distributed outside SLURM: host:port where process 0 runs the coordinator"""
     num_processes: int | None = None

@@ -32,12 +32,16 @@ metrics and the presets.
 from __future__ import annotations
 
 import queue
+import signal
 import sys
 import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal, NamedTuple
+
+if __name__ == "__main__":  # Ctrl-C while the libraries load: exit quietly (run_cli takes the signal back)
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
 
 import chex
 import flax.linen as nn
@@ -69,8 +73,7 @@ class Args(RunFlags):
     exp_name: str = "impala_envpool"
     """experiment name, part of the default run name"""
     max_policy_lag: int = 1
-    """bound on policy lag (learner version - version that chose the action); 0 = synchronous (lockstep envs, actors
-    wait for every update); rollouts are trained as they arrive, so a slow thread's lag can exceed it by ~the thread count"""
+    """bound on policy lag (learner version - acting version); 0 = synchronous; see docs/impala_envpool.md"""
 
     learning_rate: float = 6e-4
     """optimizer learning rate"""

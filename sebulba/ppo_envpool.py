@@ -31,12 +31,16 @@ from __future__ import annotations
 
 import dataclasses
 import queue
+import signal
 import sys
 import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import NamedTuple
+
+if __name__ == "__main__":  # Ctrl-C while the libraries load: exit quietly (run_cli takes the signal back)
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
 
 import chex
 import flax.linen as nn
@@ -82,8 +86,7 @@ class Args(RunFlags):
     num_minibatches: int = 4
     """minibatches per epoch on each learner device"""
     gradient_accumulation_steps: int = 1
-    """microbatches each minibatch's gradient is averaged over, one program each: the working memory of one
-    microbatch (means and --norm-adv statistics are taken per microbatch)"""
+    """microbatches per minibatch gradient, one program each: less working memory, same update"""
     update_epochs: int = 4
     """passes over each rollout batch"""
     norm_adv: bool = True

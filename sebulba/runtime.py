@@ -293,11 +293,20 @@ def run_cli(args_type: type, main, argv: list[str] | None = None) -> int:
     and return the exit code (docs/reliability.md): 0 finished, 1 a thread failed or stalled,
     2 bad configuration, 128 + signal number when SIGINT (130), SIGTERM (143) or SIGUSR1
     (138) stopped the run after a checkpoint."""
-    args = tyro.cli(args_type, args=argv)
+    if threading.current_thread() is threading.main_thread():  # a script lets Ctrl-C kill it while it imports
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        args = tyro.cli(args_type, args=argv)
+    except BrokenPipeError:  # `--help | head`: the reader has gone; end as a pipeline's writer does, quietly
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # (Python flushes stdout again at exit)
+        return 0
     # EnvPool's specs build gymnasium Boxes from float64 bounds; the cast warning is noise.
     warnings.filterwarnings("ignore", message=".*precision lowered by casting to float32", category=UserWarning)
     try:
         summary = main(args)
+    except KeyboardInterrupt:  # Ctrl-C before the threads start (devices, compilation): nothing trained yet
+        print("interrupted before training started: nothing to save", file=sys.stderr)
+        return 128 + signal.SIGINT
     except ConfigError as error:
         print(f"error: {error}", file=sys.stderr)
         return 2

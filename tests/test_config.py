@@ -98,11 +98,24 @@ def test_cli_help_lists_every_flag_with_its_help_line(script, module):
     docs = module.Args.__dataclass_fields__
     for name in docs:
         assert re.search(rf"--{name.replace('_', '-')}[ ,]", text), name
-    # Every field's docstring is its help line (here, the first words of each, as the source has them).
+    # Every field's docstring is one line, and it is the flag's help, whole and unbroken: with the
+    # terminal 400 columns wide no help wraps, so a flag's entry spans at most two lines (the
+    # second when the flag's name is too long to share one with its help).
     source = "\n".join(Path(f).read_text() for f in (SCRIPTS / script, SCRIPTS / "config.py"))
     for name in docs:
-        help_line = re.search(rf"\n    {name}: [^\n]*\n    \"\"\"([^\n]*)", source).group(1).removesuffix('"""')
-        assert " ".join(help_line.split()[:6]) in text, (name, help_line)
+        help_line = re.search(rf"\n    {name}: [^\n]*\n    \"\"\"([^\n]*)\"\"\"\n", source).group(1)
+        assert " ".join(help_line.split()) in text, (name, help_line)
+    entries = re.split(r"\n│ (?=-)", out.stdout.split("╭─ options")[1].split("╰")[0])[1:]
+    assert len(entries) == len(docs) + 1  # and --help
+    for entry in entries:
+        assert entry.rstrip().count("\n") <= 1, entry
+
+
+@pytest.mark.slow
+def test_help_piped_into_head_ends_quietly():
+    out = subprocess.run(f"{sys.executable} {SCRIPTS / 'ppo_envpool.py'} --help | head -2", shell=True,
+                         capture_output=True, text=True, timeout=120)
+    assert out.stdout.startswith("usage:") and out.stderr == ""
 
 
 @pytest.mark.slow
