@@ -5,9 +5,9 @@ import signal
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import pytest
-from pathlib import Path
 
 from sebulba.runtime import resume_command
 
