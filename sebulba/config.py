@@ -217,6 +217,22 @@ class Setup:
     norm_reward: bool = False
 
 
+def check_wandb_login():
+    """--track needs W&B credentials (`wandb login`, WANDB_API_KEY) unless WANDB_MODE is offline or
+    disabled; looked up without a prompt and without the network (wandb.login(verify=False)).
+
+    Raises:
+      ConfigError: no credentials; before wandb.init could print its traceback and leave a run behind.
+    """
+    import wandb
+
+    if os.environ.get("WANDB_MODE", "").lower() in ("offline", "disabled", "dryrun"):
+        return
+    if not wandb.login(prompt=False, verify=False):
+        raise ConfigError("--track found no W&B login: run `wandb login` (or set WANDB_API_KEY), or set "
+                          "WANDB_MODE=offline to log locally and `wandb sync` later")
+
+
 def resolve_run(flags: RunFlags, num_steps: int, cluster: Cluster = Cluster()) -> Setup:
     """Check the shared flags and derive the batch arithmetic over every process of `cluster`
     for rollouts of `num_steps` transitions per env.
@@ -240,6 +256,8 @@ def resolve_run(flags: RunFlags, num_steps: int, cluster: Cluster = Cluster()) -
         close = difflib.get_close_matches(flags.env_id, envpool.list_all_envs(), n=3)
         hint = f"; did you mean {', '.join(close)}?" if close else "; see envpool.list_all_envs()"
         raise ConfigError(f"--env-id {flags.env_id} is not an EnvPool task{hint}")
+    if flags.track and cluster.process_id == 0:  # only process 0 logs
+        check_wandb_login()
     if flags.eval_interval and not flags.eval_episodes:
         raise ConfigError(f"--eval-interval={flags.eval_interval} needs --eval-episodes > 0")
     norm_obs, norm_reward = normalization(flags.env_id, flags.norm_obs, flags.norm_reward)

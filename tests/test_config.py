@@ -74,6 +74,19 @@ def test_missing_device_is_refused_before_any_thread(tmp_path):
     assert not (tmp_path / "runs").exists()
 
 
+def test_track_without_a_wandb_login_is_refused_before_anything_is_written(tmp_path, monkeypatch):
+    for name in ("WANDB_MODE", "WANDB_API_KEY", "WANDB_SERVICE"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("HOME", str(tmp_path))  # no ~/.netrc, no wandb settings
+    monkeypatch.setenv("NETRC", str(tmp_path / ".netrc"))
+    monkeypatch.setenv("WANDB_CONFIG_DIR", str(tmp_path / "wandb-config"))
+    with pytest.raises(ConfigError, match=r"^--track found no W&B login: run `wandb login`.*WANDB_MODE=offline"):
+        ppo.main(ppo.Args(**CARTPOLE, num_steps=16, track=True))
+    assert not (tmp_path / "runs").exists() and not (tmp_path / "wandb").exists()
+    monkeypatch.setenv("WANDB_MODE", "offline")  # logging locally needs no login
+    ppo.resolve(ppo.Args(**CARTPOLE, num_steps=16, track=True))
+
+
 def test_batch_arithmetic():
     flags = dict(**CARTPOLE, actor_device_ids=[0, 1], num_actor_threads=2, learner_device_ids=[2, 3])
     s = resolve_run(RunFlags(**flags), num_steps=16)
