@@ -7,7 +7,8 @@
 Runs, each in its own process on an otherwise quiet machine: env_throughput (the actor
 side's physical limit), stages (each stage alone: actor efficiency, work-conserving limit),
 e2e (the scripts end to end, async vs sync, every layout), time_to_solve (CartPole-v1,
-PPO and IMPALA, 5 seeds), memory (peak host memory at the default Atari sizes); then report. Every part records the machine (CPU, cores, GPUs,
+PPO and IMPALA, 5 seeds), startup (time to the first update, first and second run with the
+compilation cache), memory (peak host memory at the default Atari sizes); then report. Every part records the machine (CPU, cores, GPUs,
 library versions). --quick measures tiny versions of the same (CartPole only beyond env
 throughput and memory) into benchmark/results/quick/, never over the full results.
 """
@@ -23,7 +24,7 @@ from pathlib import Path
 from common import RESULTS, ROOT
 from report import report
 
-PARTS = ("env_throughput", "stages", "e2e", "time_to_solve", "memory")
+PARTS = ("env_throughput", "stages", "e2e", "time_to_solve", "startup", "memory")
 
 if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])

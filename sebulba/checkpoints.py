@@ -22,7 +22,7 @@ from sebulba.config import ConfigError, RunFlags, normalization
 RESUMABLE_FLAGS = {"run_name",  # the checkpoint was found under runs/<run name>: a run started without one resumes with it
                    "track", "wandb_project_name", "wandb_entity", "log_frequency", "num_env_threads",
                    "stall_timeout_s", "checkpoint_interval", "total_timesteps", "eval_interval", "eval_episodes",
-                   "eval_greedy", "norm_obs", "norm_reward"}
+                   "eval_greedy", "norm_obs", "norm_reward", "compilation_cache_dir"}
 
 
 def is_complete(step_dir: Path) -> bool:

@@ -91,6 +91,8 @@ class RunFlags:
     """--distributed outside SLURM: this process's index, 0 .. num_processes - 1"""
     deterministic: bool = False
     """bit-identical reruns and resumes: lockstep envs, exact policy versions, env restarts at checkpoints"""
+    compilation_cache_dir: str | None = os.environ.get("SEBULBA_COMPILATION_CACHE_DIR", "~/.cache/sebulba/jax") or None
+    """JAX's persistent compilation cache (a rerun of the same sizes skips compiling); None, or the variable empty: off"""
 
 
 def flag(name: str) -> str:

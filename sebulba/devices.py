@@ -19,6 +19,19 @@ HEARTBEAT_TIMEOUT_S = 20  # a process silent this long is dead: jax.distributed 
 MAX_VIRTUAL_CPU_DEVICES = 64  # a typo such as device id 99 must not quietly make a hundred CPU devices
 
 
+def use_compilation_cache(directory: str | None):
+    """Turn on JAX's persistent compilation cache in `directory` (--compilation-cache-dir; `~`
+    expanded, created on first write), or leave it off for None. Every program is cached, however
+    short its compile: a run's dozen small programs are what a second run would otherwise wait
+    for. Before the first compile; a program compiled again with the same shapes, flags and
+    library versions is read from disk."""
+    if directory is None:
+        return
+    jax.config.update("jax_compilation_cache_dir", os.path.expanduser(directory))
+    jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
+    jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)
+
+
 def setup_devices(actor_device_ids: list[int], learner_device_ids: list[int],
                   cluster: Cluster = Cluster()) -> tuple[list[jax.Device], list[jax.Device]]:
     """Start the JAX backend; return (this process's actor devices, the learner devices of

@@ -74,6 +74,7 @@ class Bookkeeping:
         self.window: dict[str, list[float]] = collections.defaultdict(list)
         self.start_time = self.cpu_start_wall = time.time()
         self.cpu_start = sum(os.times()[:2])
+        self.steady_from: tuple[float, int] | None = None  # (time, updates done) after this session's first update
         self.update_summary(run.start_update)
 
     def checkpoint(self, updates_done: int, state, key):  # every process takes part; orbax writes each array once
@@ -99,6 +100,8 @@ class Bookkeeping:
         actor stats) per rollout, `losses` the update's metrics, `stage_times` the learner's
         seconds per stage."""
         run, setup, flags, window = self.run, self.run.setup, self.run.flags, self.window
+        if self.steady_from is None:  # the first update compiled: the ETA is timed from its end
+            self.steady_from = (time.time(), update + 1)
         while not run.eval_results.empty():
             run.log_eval(run.eval_results.get_nowait(), (update + 1) * setup.batch_size)
         window["policy_lag/min"].append(lag.min())
@@ -140,11 +143,12 @@ class Bookkeeping:
         run.logger.log(record, global_step)
         if setup.process_id:
             return
-        eta = (now - self.start_time) / (update + 1 - run.start_update) * (setup.num_updates - update - 1)
+        (since, done), left = self.steady_from, setup.num_updates - update - 1  # at the pace of the steady updates
+        eta = f"{left * (now - since) / (update + 1 - done):5.0f}s" if update + 1 > done else "    -"
         ret = f"{run.summary['episodic_return_mean']:8.1f}" if run.episodes else "     n/a"
         print(f"step {global_step:>10d} | update {update + 1}/{setup.num_updates} | sps {record['charts/sps']:7.0f} "
               f"| return {ret} | policy lag {record['policy_lag/mean']:.2f} (max {record['policy_lag/max']:.0f}) "
-              f"| eta {eta:5.0f}s", flush=True)
+              f"| eta {eta}", flush=True)
 
     def finish(self, state, key):
         """After the learner's loop: checkpoint (unless --deterministic was stopped between

@@ -36,7 +36,7 @@ from jax.experimental.multihost_utils import process_allgather, sync_global_devi
 
 from sebulba.checkpoints import Checkpointer, incomplete_steps, read_resume_meta, set_aside
 from sebulba.config import Cluster, ConfigError, RunFlags, Setup
-from sebulba.devices import Placement, setup_devices
+from sebulba.devices import Placement, setup_devices, use_compilation_cache
 from sebulba.envs import env_segments, is_atari, make_envs, pool_seed
 from sebulba.evaluation import EVAL_SEED_OFFSET, Evaluator, run_evaluator
 from sebulba.metrics import Logger
@@ -91,6 +91,7 @@ class Run:
           ConfigError: a device id that does not exist, an unreadable or mismatched checkpoint.
         """
         run = cls(flags, setup, Path("runs") / setup.run_name)
+        use_compilation_cache(flags.compilation_cache_dir)
         actor_devices, learner_devices = setup_devices(flags.actor_device_ids, flags.learner_device_ids,
                                                        cluster)  # first: orbax starts the JAX backend
         run.meta = read_resume_meta(run.run_dir / "checkpoints", flags, setup.num_processes)

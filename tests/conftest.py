@@ -1,7 +1,13 @@
-"""Test setup: four virtual CPU devices (set before any JAX backend starts), runs in a temp dir."""
+"""Test setup: four virtual CPU devices (set before any JAX backend starts), runs in a temp dir,
+and one compilation cache for the session's runs and child processes (not the user's)."""
+
+import os
+import tempfile
 
 import jax
 import pytest
+
+os.environ["SEBULBA_COMPILATION_CACHE_DIR"] = tempfile.mkdtemp(prefix="sebulba-test-xla-cache-")  # read by RunFlags
 
 jax.config.update("jax_num_cpu_devices", 4)
 assert len(jax.devices()) == 4  # start the backend now: later requests cannot add devices
