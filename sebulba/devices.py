@@ -9,6 +9,7 @@ import os
 from typing import Any, NamedTuple
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
@@ -30,6 +31,18 @@ def use_compilation_cache(directory: str | None):
     jax.config.update("jax_compilation_cache_dir", os.path.expanduser(directory))
     jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
     jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)
+
+
+def use_orbax_distributed_barriers():
+    """Orbax's barriers through the jax.distributed client (with timeouts) instead of a collective
+    over every device, which on the CPU opens a second Gloo context beside the learner mesh's
+    (and prints Gloo's "connected" line twice). Orbax reads this absl flag; nothing here parses
+    absl flags, so they are marked parsed at their defaults first."""
+    from absl import flags
+
+    if not flags.FLAGS.is_parsed():
+        flags.FLAGS.mark_as_parsed()
+    flags.FLAGS.experimental_orbax_use_distributed_barrier = True
 
 
 def setup_devices(actor_device_ids: list[int], learner_device_ids: list[int],
@@ -56,6 +69,7 @@ def setup_devices(actor_device_ids: list[int], learner_device_ids: list[int],
                 created = True
     if cluster.num_processes > 1:
         jax.config.update("jax_cpu_collectives_implementation", "gloo")
+        use_orbax_distributed_barriers()
         explicit = cluster.coordinator_address is not None  # else JAX reads the SLURM step itself
         # local_device_ids: this process owns every GPU it names (JAX would give one per SLURM task).
         jax.distributed.initialize(cluster.coordinator_address, cluster.num_processes if explicit else None,
@@ -85,6 +99,17 @@ class Placement:
         self.replicated = NamedSharding(self.mesh, P())
         self.env_sharded = NamedSharding(self.mesh, P(None, "learner"))  # [T, envs, ...]: env axis split
         self.num_local_learners = sum(d.process_index == jax.process_index() for d in learner_devices)
+        self._max = jax.jit(jnp.max, out_shardings=self.replicated)
+
+    def agree_max(self, value: int) -> int:
+        """The largest of every process's `value` (an int), once every process has called this: a
+        barrier and a vote. It runs on the learner mesh, the run's one collective group (a
+        barrier over every device would open a second Gloo context on the CPU, and print
+        Gloo's "connected" line a second time)."""
+        local = np.full(self.num_local_learners, value, np.int32)
+        spread = jax.make_array_from_process_local_data(NamedSharding(self.mesh, P("learner")), local,
+                                                        (self.mesh.size,))
+        return int(host(self._max(spread)))
 
     def to_actors(self, params) -> dict[jax.Device, Any]:
         """One copy of the (replicated) learner `params` on each of this process's actor devices."""

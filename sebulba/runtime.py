@@ -32,7 +32,6 @@ from typing import Any
 import jax
 import numpy as np
 import tyro
-from jax.experimental.multihost_utils import process_allgather, sync_global_devices
 
 from sebulba.checkpoints import Checkpointer, incomplete_steps, read_resume_meta, set_aside
 from sebulba.config import Cluster, ConfigError, RunFlags, Setup
@@ -94,9 +93,10 @@ class Run:
         use_compilation_cache(flags.compilation_cache_dir)
         actor_devices, learner_devices = setup_devices(flags.actor_device_ids, flags.learner_device_ids,
                                                        cluster)  # first: orbax starts the JAX backend
+        run.placement = Placement(actor_devices, learner_devices)
         run.meta = read_resume_meta(run.run_dir / "checkpoints", flags, setup.num_processes)
         if setup.num_processes > 1:  # every process has looked for a checkpoint before any creates the directory
-            sync_global_devices("sebulba: checked for a checkpoint")
+            run.placement.agree_max(0)
         if run.meta is not None and run.meta["update"] >= setup.num_updates:
             run.finished, run.summary = True, run.finished_summary()
             return run
@@ -108,7 +108,7 @@ class Run:
                       f"saving it?): set aside as {path.name}; "
                       + (f"resuming from update {run.meta['update']}" if run.meta else "starting anew"))
         if unfinished and setup.num_processes > 1:
-            sync_global_devices("sebulba: unfinished checkpoints set aside")
+            run.placement.agree_max(0)
         run.checkpointer = Checkpointer(run.run_dir / "checkpoints")
         if run.lead and flags.deterministic and not flags.checkpoint_interval:
             print("warning: --deterministic with --checkpoint-interval 0: a stop signal leaves nothing to resume from")
@@ -127,7 +127,6 @@ class Run:
                   + "; reward scaling" * setup.norm_reward)
             print(f"writing {run.run_dir}/: config.json, TensorBoard events, checkpoints/, summary.json at the end; "
                   "watch it with: tensorboard --logdir runs", flush=True)
-        run.placement = Placement(actor_devices, learner_devices)
         run.wandb_id = uuid.uuid4().hex[:12] if flags.track else None
         if run.meta is not None:
             run.start_update, run.wandb_id = run.meta["update"], run.meta["wandb_id"] or run.wandb_id
@@ -206,7 +205,7 @@ class Run:
     def stop_requested(self) -> int:
         """The stop signal to act on now, agreed over every process (0: none); sets `stopped_by`."""
         self.stopped_by = (self.signum if self.setup.num_processes == 1
-                           else int(process_allgather(np.int32(self.signum)).max()))
+                           else self.placement.agree_max(self.signum))
         if self.stopped_by and not self.signum and self.lead:
             print(f"{signal.Signals(self.stopped_by).name} on another process: checkpointing and stopping", flush=True)
         return self.stopped_by

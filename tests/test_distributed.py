@@ -113,6 +113,8 @@ def check_two_process_run(name: str, outputs: list[tuple[int, str]]):
     assert len(list(Path(f"runs/{name}/wandb").glob("offline-run-*"))) == 1  # one W&B run
     assert summary["params_sha256"] == lines("params", 0)[-1]
     assert "process(es)" in outputs[0][1] and "process(es)" not in outputs[1][1]  # process 0 alone reports
+    for _, out in outputs:  # one Gloo context per process (the learner mesh's; orbax's barriers use the client)
+        assert out.count("is connected to 1 peer ranks") == 1, out[-3000:]
 
 
 @pytest.mark.slow
