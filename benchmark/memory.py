@@ -3,8 +3,8 @@
     python benchmark/memory.py            # Breakout-v5 at the script's default sizes, 3 runs (~25 min on 2 cores)
     python benchmark/memory.py --quick    # the computed figures and one small run (~2 min)
 
-sebulba/ppo_envpool.py on Breakout-v5 with the script's defaults: 2 actor threads x 64 envs x
-128 steps, frames 84x84x4, IMPALA ResNet 16-32-32/256, 4 minibatches of 4,096 frames.
+sebulba/ppo_envpool.py on Breakout-v5 with the script's defaults: 2 actor threads x 60 envs x
+128 steps, frames 84x84x4, IMPALA ResNet 16-32-32/256, 4 minibatches of 3,840 frames.
 
 * rollout bytes: one actor thread's rollout exactly as the script allocates it (a
   RolloutAssembler buffer, num_steps + 1 rows), and the dtype of its frames;
@@ -13,13 +13,15 @@ sebulba/ppo_envpool.py on Breakout-v5 with the script's defaults: 2 actor thread
 * frames on the learner: dtype of the observations the minibatch programs receive (after
   `prepare` and `shuffle`, traced with the real shapes);
 * working memory (XLA's compiled temporary bytes) of the program that takes one minibatch's
-  gradient: the whole 4,096-frame minibatch, and as --gradient-accumulation-steps 64 (one
-  64-frame microbatch per program);
+  gradient: the whole 3,840-frame minibatch, and as --gradient-accumulation-steps 64 (one
+  60-frame microbatch per program);
 * peak RSS of real runs (the process, sampled every 0.5 s from launch to the end of its second
   update; during the first, the actors fill and queue the next rollout and start the one
   after) with the default sizes plus `--gradient-accumulation-steps 64 --update-epochs 1`: the
   whole minibatch's working memory does not fit a 24 GiB machine, and one epoch instead of
   four changes no buffer, only the time (~2.5 min per update instead of ~10 on 2 cores).
+  With --quick the run is small (8 envs x 32 steps) and its peak is compared with its own
+  rollouts in flight; the computed figures stay those of the default sizes.
 
 Writes benchmark/results/memory.json.
 """
@@ -30,14 +32,13 @@ import sys
 from pathlib import Path
 
 import jax
-import numpy as np
 import tyro
 from common import cli_parser, run_script, save, spread
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from sebulba import ppo_envpool as ppo
 from sebulba.devices import Placement
-from sebulba.rollouts import Rollout, RolloutAssembler
+from sebulba.rollouts import RolloutAssembler, rollout_shapes
 
 ENV = ["--env-id", "Breakout-v5"]
 ACCUMULATION = 64
@@ -57,24 +58,16 @@ def rollout_bytes(args: ppo.Args) -> tuple[int, str]:
 
 def working_memory(flags: list[str]) -> tuple[int, str]:
     """(XLA's temporary bytes of the program taking one (micro)batch's gradient, the dtype of the
-    frames it receives), for the real update on one learner device and a rollout of the run's shape."""
+    frames it receives), for the real update on one learner device and a rollout of the run's
+    shape (the program the script's memory check compiles)."""
     args = tyro.cli(ppo.Args, args=[*flags, "--learner-device-ids", "0"])
     setup = ppo.resolve(args)
     agent, spec = ppo.make_agent(args)
     params = ppo.init_params(agent, spec, jax.random.PRNGKey(0))
     placement = Placement([jax.devices()[0]], [jax.devices()[0]])
     state, _ = ppo.make_train_state(args, setup, params, placement)
-    update = ppo.make_update_fn(args, agent, placement.mesh)
-    obs_space, replicated = spec.observation_space, placement.replicated
-    t, n = args.num_steps + 1, args.local_num_envs * args.num_actor_threads
-    shape = lambda extra, dtype: jax.ShapeDtypeStruct((t, n, *extra), dtype, sharding=placement.env_sharded)
-    rollout = Rollout(shape(obs_space.shape, obs_space.dtype), shape((), np.int32), *[shape((), np.float32)] * 3,
-                      shape((), bool), shape((), bool), shape((), np.int32), shape((), np.float32))
-    data = jax.eval_shape(update.programs["prepare"], state.return_moments, rollout)
-    perm = jax.eval_shape(update.programs["shuffle"], data, jax.ShapeDtypeStruct((2,), np.uint32, sharding=replicated))
-    index = jax.ShapeDtypeStruct((), np.int32, sharding=replicated)
-    program = update.programs["step" if args.gradient_accumulation_steps == 1 else "gradient"]
-    compiled = program.lower(state, state.params, rollout.obs, data, perm, index, index).compile()
+    rollout = rollout_shapes(args.num_steps, setup.num_envs_total, spec, placement.env_sharded)
+    compiled = ppo.compile_gradient_step(ppo.make_update_fn(args, agent, placement.mesh), args, state, rollout)
     return compiled.memory_analysis().temp_size_in_bytes, str(rollout.obs.dtype)
 
 

@@ -223,25 +223,28 @@ def startup_section(start: dict) -> list[str]:
 
 
 def memory_section(mem: dict) -> list[str]:
-    gib = lambda b: f"{b / 2**30:.2f} GiB"
+    gib = lambda b: f"{b / 2**30:.2f} GiB"  # noqa: E731
     threads, envs, steps = mem["num_actor_threads"], mem["local_num_envs"], mem["num_steps"]
     flags = " ".join(mem["run_flags"])
+    minibatch = threads * envs * steps // 4
     return ["## Host memory (`benchmark/memory.py`)", "",
-            f"sebulba/ppo_envpool.py, {mem['env_id']}, the script's default sizes ({threads} actor threads × {envs} "
-            f"envs × {steps} steps, IMPALA ResNet 16-32-32/256, 4 minibatches). Rollouts in flight = "
-            f"{mem['in_flight_per_thread']} per actor thread (being assembled, queued, on the learner). Working "
-            "memory = XLA's compiled temporary bytes of the program taking one gradient. Peak RSS: the process, "
-            f"sampled every 0.5 s from launch to the end of its second update, median (min–max) of {mem['reps']} runs "
-            f"of `python sebulba/ppo_envpool.py {flags}`.", "",
+            f"Computed for sebulba/ppo_envpool.py on {mem['env_id']} at the script's default sizes ({threads} actor "
+            f"threads × {envs} envs × {steps} steps, IMPALA ResNet 16-32-32/256, 4 minibatches of {minibatch:,} "
+            f"frames). Rollouts in flight = {mem['in_flight_per_thread']} per actor thread (being assembled, queued, "
+            "on the learner). Working memory = XLA's compiled temporary bytes of the program taking one gradient. "
+            f"Measured: the peak RSS of `python sebulba/ppo_envpool.py {flags}`, sampled every 0.5 s from launch to "
+            f"the end of its second update, median (min–max) of {mem['reps']} runs, against that run's own rollouts "
+            "in flight.", "",
             "| | |", "| --- | --- |",
             f"| frames in rollouts / received by the learner's programs | {mem['rollout_obs_dtype']} / {mem['learner_obs_dtype']} |",
-            f"| one rollout (per actor thread) | {gib(mem['rollout_bytes'])} |",
-            f"| rollouts in flight | {gib(mem['in_flight_bytes'])} |",
-            f"| working memory, one 4,096-frame minibatch | {gib(mem['minibatch_working_bytes'])} |",
-            f"| working memory, as {mem['accumulation']} microbatches (one per program) | "
+            f"| default sizes: one rollout (per actor thread) | {gib(mem['rollout_bytes'])} |",
+            f"| default sizes: rollouts in flight | {gib(mem['in_flight_bytes'])} |",
+            f"| default sizes: working memory, one {minibatch:,}-frame minibatch | {gib(mem['minibatch_working_bytes'])} |",
+            f"| default sizes: working memory, as {mem['accumulation']} microbatches (one per program) | "
             f"{gib(mem['microbatch_working_bytes'])} |",
-            f"| peak RSS (MiB) | {fmt(mem['peak_rss_bytes'], scale=2**-20)} |",
-            f"| peak RSS ÷ rollouts in flight | {fmt(mem['peak_rss_over_in_flight'], 2)} |", ""]
+            f"| measured run: rollouts in flight | {gib(mem['run_in_flight_bytes'])} |",
+            f"| measured run: peak RSS (MiB) | {fmt(mem['peak_rss_bytes'], scale=2**-20)} |",
+            f"| measured run: peak RSS ÷ its rollouts in flight | {fmt(mem['peak_rss_over_in_flight'], 2)} |", ""]
 
 
 def targets_section(stages, e2e, tts, mem=None, start=None) -> list[str]:
@@ -291,8 +294,8 @@ def targets_section(stages, e2e, tts, mem=None, start=None) -> list[str]:
             "for one microbatch inside: tests/test_learner.py::test_frames_stay_uint8_until_the_network)",
             f"{mem['rollout_obs_dtype']} / {mem['learner_obs_dtype']}", "uint8", uint8)
         ratio = mem["peak_rss_over_in_flight"]["median"]
-        add(f"peak RSS ÷ rollouts in flight, Breakout-v5 default sizes (--gradient-accumulation-steps "
-            f"{mem['accumulation']})", f"{ratio:.2f} ({mem['peak_rss_bytes']['median'] / 2**30:.1f} GiB)",
+        sizes = "--quick sizes" if mem["quick"] else f"default sizes (--gradient-accumulation-steps {mem['accumulation']})"
+        add(f"peak RSS ÷ rollouts in flight, Breakout-v5 {sizes}", f"{ratio:.2f} ({mem['peak_rss_bytes']['median'] / 2**30:.1f} GiB)",
             f"≤ {RSS_RATIO}", ratio <= RSS_RATIO)
     if not rows:
         return []

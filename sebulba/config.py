@@ -50,7 +50,7 @@ class RunFlags:
     """EnvPool task id: Atari `*-v5` (IMPALA ResNet), or a vector-observation task with discrete or Box actions (MLP)"""
     total_timesteps: int = 50_000_000
     """env steps to train for, summed over every env (Atari: frames = 4 x env steps)"""
-    local_num_envs: int = 64
+    local_num_envs: int = 60
     """envs in each actor thread's EnvPool pool"""
     async_batch_size: int | None = None
     """envs returned by each `recv`; smaller than --local-num-envs so stepping and inference overlap; None = half the pool"""

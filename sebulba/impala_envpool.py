@@ -59,9 +59,9 @@ from sebulba.config import (Cluster, ConfigError, RunFlags, Setup, check_network
                             normalization, resolve_run)
 from sebulba.devices import Placement, host
 from sebulba.envs import is_atari, make_spec, recv_batch
-from sebulba.learner import Bookkeeping, LearnerState, make_normalizer_update
+from sebulba.learner import Bookkeeping, LearnerState, check_learner_memory, make_normalizer_update
 from sebulba.networks import ImpalaEncoder, MLPEncoder, RunningMoments, entropy, log_prob, make_policy_fn
-from sebulba.rollouts import Rollout, RolloutAssembler
+from sebulba.rollouts import Rollout, RolloutAssembler, rollout_shapes
 from sebulba.runtime import Run, run_cli
 from sebulba.threads import ParamsSlot, Stopped, Supervisor, Timer, timed_get, timed_put
 
@@ -367,6 +367,7 @@ def make_update_fn(args: Args, agent: Agent, mesh: Mesh):
         obs_moments, return_moments = refresh_normalizers(state.obs_moments, state.return_moments, rollout)
         return update(state.replace(obs_moments=obs_moments, return_moments=return_moments), rollout)
 
+    refresh_and_update.programs = {"update": update}  # for inspection (check_learner_memory)
     return refresh_and_update
 
 
@@ -436,6 +437,9 @@ def main(args: Args) -> dict:
     state, lr_schedule = make_train_state(args, setup, init_params(agent, spec, init_key), placement)
     state, learner_key = run.resume(state, learner_key)
     update_fn = make_update_fn(args, agent, placement.mesh)
+    rollout = rollout_shapes(args.num_steps, setup.num_envs_total, spec, placement.env_sharded)
+    check_learner_memory(update_fn.programs["update"].lower(state, rollout).compile(), placement, rollout,
+                         2 * setup.num_actor_threads_total * args.local_num_envs)  # filled and queued
     policy = make_policy_fn(agent, spec.action_space)
     run.params_slot.publish(run.start_update, placement.to_actors((state.params, state.obs_moments)))
 

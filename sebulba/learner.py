@@ -17,10 +17,12 @@ from typing import TYPE_CHECKING
 
 import jax
 import numpy as np
+import psutil
 from flax.training.train_state import TrainState
 from jax.sharding import Mesh
 from jax.sharding import PartitionSpec as P
 
+from sebulba.config import ConfigError
 from sebulba.devices import host
 from sebulba.networks import RunningMoments
 from sebulba.rollouts import Rollout
@@ -51,6 +53,40 @@ def make_normalizer_update(norm_obs: bool, norm_reward: bool, mesh: Mesh):
     if not (norm_obs or norm_reward):
         return lambda obs_moments, return_moments, _: (obs_moments, return_moments)
     return jax.jit(jax.shard_map(refresh, mesh=mesh, in_specs=(P(), P(), P(None, "learner")), out_specs=P()))
+
+
+def check_learner_memory(compiled, placement, rollout: Rollout, host_env_rollouts: int) -> int:
+    """Refuse a run whose learner cannot hold its largest program, before any thread starts.
+
+    `compiled` is that program, compiled ahead of time for `rollout` (the global batch as
+    ShapeDtypeStructs). Needed per learner device: XLA's working memory plus the arguments. On
+    the CPU backend the virtual devices share the host's available memory (psutil), which must
+    also hold the rollouts the actors keep on the host (`host_env_rollouts` envs' worth: the ones
+    being filled and queued); on an accelerator each device's free bytes (`memory_stats`). A run
+    is refused above 80 % of what is free (XLA's allocator, the env pools and the transfers need the rest;
+    a default-size Breakout run on a 23 GiB host outgrew a 90 % bound). Costs
+    one compile of that program (seconds for a conv net on the CPU; the run's own call then
+    reads it from the compilation cache). Returns the bytes needed per device.
+
+    Raises:
+      ConfigError: one line with both figures and the flags that shrink the program.
+    """
+    analysis = compiled.memory_analysis()
+    need = analysis.temp_size_in_bytes + analysis.argument_size_in_bytes
+    local = [d for d in placement.mesh.devices.flat if d.process_index == jax.process_index()]
+    if local[0].platform == "cpu":
+        per_env = sum(np.prod(x.shape) * np.dtype(x.dtype).itemsize for x in rollout) / rollout.obs.shape[1]
+        total, free, where = need * len(local) + host_env_rollouts * per_env, psutil.virtual_memory().available, "the host"
+    else:
+        stats = local[0].memory_stats() or {}
+        if "bytes_limit" not in stats:
+            return need
+        total, free, where = need, stats["bytes_limit"] - stats.get("bytes_in_use", 0), str(local[0])
+    if total > 0.8 * free:
+        raise ConfigError(f"the learner needs {total / 2**30:.1f} GiB ({need / 2**30:.1f} GiB per learner device for its "
+                          f"gradient program) but {where} has {free / 2**30:.1f} GiB free: raise "
+                          "--gradient-accumulation-steps (smaller microbatches), or lower --local-num-envs or --num-steps")
+    return need
 
 
 def params_sha256(params) -> str:

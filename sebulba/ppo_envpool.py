@@ -59,9 +59,9 @@ from sebulba.config import (Cluster, ConfigError, RunFlags, check_network, check
                             resolve_run)
 from sebulba.devices import Placement, host
 from sebulba.envs import is_atari, make_spec, recv_batch
-from sebulba.learner import Bookkeeping, LearnerState, make_normalizer_update
+from sebulba.learner import Bookkeeping, LearnerState, check_learner_memory, make_normalizer_update
 from sebulba.networks import ImpalaEncoder, MLPEncoder, RunningMoments, entropy, log_prob, make_policy_fn
-from sebulba.rollouts import Rollout, RolloutAssembler
+from sebulba.rollouts import Rollout, RolloutAssembler, rollout_shapes
 from sebulba.runtime import Run, run_cli
 from sebulba.threads import ParamsSlot, Stopped, Supervisor, Timer, timed_get, timed_put
 
@@ -452,6 +452,18 @@ def make_update_fn(args: Args, agent: Agent, mesh: Mesh):
     return update
 
 
+def compile_gradient_step(update_fn, args: Args, state: LearnerState, rollout: Rollout):
+    """The learner's largest program, the one taking one (micro)batch's gradient, compiled ahead
+    of time for `rollout` (a Rollout of ShapeDtypeStructs); its memory analysis is what
+    `check_learner_memory` and benchmark/memory.py read."""
+    programs, replicated = update_fn.programs, state.step.sharding
+    data = jax.eval_shape(programs["prepare"], state.return_moments, rollout)
+    perm = jax.eval_shape(programs["shuffle"], data, jax.ShapeDtypeStruct((2,), np.uint32, sharding=replicated))
+    index = jax.ShapeDtypeStruct((), np.int32, sharding=replicated)
+    program = programs["step" if args.gradient_accumulation_steps == 1 else "gradient"]
+    return program.lower(state, state.params, rollout.obs, data, perm, index, index).compile()
+
+
 def run_learner(run: Run, state: LearnerState, update_fn, lr_schedule, key):
     """Consume one rollout per actor thread (fixed order) per update: transfer the batch onto
     the learner mesh, update, publish the params to the actor devices. Between updates
@@ -512,6 +524,9 @@ def main(args: Args) -> dict:
     state, lr_schedule = make_train_state(args, setup, init_params(agent, spec, init_key), placement)
     state, learner_key = run.resume(state, learner_key)
     update_fn = make_update_fn(args, agent, placement.mesh)
+    rollout = rollout_shapes(args.num_steps, setup.num_envs_total, spec, placement.env_sharded)
+    check_learner_memory(compile_gradient_step(update_fn, args, state, rollout), placement, rollout,
+                         2 * setup.num_actor_threads_total * args.local_num_envs)  # filled and queued
     policy = make_policy_fn(agent, spec.action_space)
     # One bounded queue per actor thread; the learner reads them in thread order.
     run.queues = [queue.Queue(maxsize=1) for _ in range(setup.num_actor_threads_total)]

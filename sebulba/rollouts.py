@@ -10,6 +10,7 @@ from __future__ import annotations
 import collections
 from typing import NamedTuple
 
+import jax
 import numpy as np
 
 
@@ -34,6 +35,20 @@ class Rollout(NamedTuple):
     truncated: np.ndarray
     versions: np.ndarray
     discounted_returns: np.ndarray
+
+
+def rollout_shapes(num_steps: int, num_envs: int, spec, sharding) -> Rollout:
+    """A Rollout of jax.ShapeDtypeStruct ([num_steps + 1, num_envs, ...], placed by `sharding`) for
+    the env spec's spaces: the learner's input as the actors assemble it, for compiling ahead of
+    time (`.lower`). Observations as stored: float64 ones as float32."""
+    obs, actions = spec.observation_space, spec.action_space
+    continuous = type(actions).__name__ == "Box"
+
+    def shape(extra, dtype):
+        return jax.ShapeDtypeStruct((num_steps + 1, num_envs, *extra), dtype, sharding=sharding)
+    return Rollout(shape(obs.shape, np.float32 if obs.dtype == np.float64 else obs.dtype),
+                   shape(actions.shape, np.float32 if continuous else np.int32), *[shape((), np.float32)] * 3,
+                   shape((), bool), shape((), bool), shape((), np.int32), shape((), np.float32))
 
 
 class RolloutAssembler:

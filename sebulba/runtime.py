@@ -116,15 +116,7 @@ class Run:
             (run.run_dir / "config.json").write_text(json.dumps({"args": dataclasses.asdict(flags),
                                                                  "derived": dataclasses.asdict(setup),
                                                                  "software": software()}, indent=2))
-            num_steps = setup.batch_size // setup.num_envs_total
-            per_process = setup.num_actor_threads_total * flags.local_num_envs
-            print(f"run {setup.run_name}{', deterministic' * flags.deterministic}: {setup.num_processes} process(es) x "
-                  f"{len(actor_devices)} actor device(s) x {flags.num_actor_threads} thread(s) x {flags.local_num_envs} "
-                  f"envs (recv batch {setup.async_batch_size}) = {setup.num_envs_total} envs; {len(learner_devices)} "
-                  f"learner device(s) x {setup.envs_per_learner} envs; env steps per update: "
-                  f"{num_steps * flags.local_num_envs} per thread, {num_steps * per_process} per process, "
-                  f"{setup.batch_size} in all; {setup.num_updates} updates" + "; observation normalisation" * setup.norm_obs
-                  + "; reward scaling" * setup.norm_reward)
+            print(layout_line(flags, setup, len(actor_devices), len(learner_devices)))
             print(f"writing {run.run_dir}/: config.json, TensorBoard events, checkpoints/, summary.json at the end; "
                   "watch it with: tensorboard --logdir runs", flush=True)
         run.wandb_id = uuid.uuid4().hex[:12] if flags.track else None
@@ -257,6 +249,21 @@ class Run:
             if "interrupted_by" in summary:
                 print(f"to resume: {resume_command(setup.run_name)}", flush=True)
         return summary
+
+
+
+def layout_line(flags: RunFlags, setup: Setup, num_actor_devices: int, num_learner_devices: int) -> str:
+    """The console's first line: the run's name, processes, devices, threads, envs, the batch and
+    the number of updates (the docs quote it; tests/test_docs.py checks them against this)."""
+    num_steps = setup.batch_size // setup.num_envs_total
+    per_process = setup.num_actor_threads_total * flags.local_num_envs
+    return (f"run {setup.run_name}{', deterministic' * flags.deterministic}: {setup.num_processes} process(es) x "
+            f"{num_actor_devices} actor device(s) x {flags.num_actor_threads} thread(s) x {flags.local_num_envs} "
+            f"envs (recv batch {setup.async_batch_size}) = {setup.num_envs_total} envs; {num_learner_devices} "
+            f"learner device(s) x {setup.envs_per_learner} envs; env steps per update: "
+            f"{num_steps * flags.local_num_envs} per thread, {num_steps * per_process} per process, "
+            f"{setup.batch_size} in all; {setup.num_updates} updates" + "; observation normalisation" * setup.norm_obs
+            + "; reward scaling" * setup.norm_reward)
 
 
 def software() -> dict:

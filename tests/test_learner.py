@@ -2,6 +2,7 @@
 (jax#14184), gradients averaged, accumulation and memory."""
 
 import re
+from types import SimpleNamespace
 
 import jax
 import jax.numpy as jnp
@@ -15,7 +16,7 @@ from sebulba.devices import Placement
 from sebulba.learner import LearnerState
 from sebulba.networks import RunningMoments
 from sebulba.ppo_envpool import Agent, Args, Minibatch, make_update_fn, normalize_advantages, prepare_transitions
-from sebulba.rollouts import Rollout
+from sebulba.rollouts import Rollout, rollout_shapes
 
 FRESH = dict(obs_moments=RunningMoments.create(()), return_moments=RunningMoments.create(()))  # normalisers off
 
@@ -192,3 +193,37 @@ def test_frames_stay_uint8_until_the_network():
     shapes = [tuple(map(int, dims.split("x"))) for dims in re.findall(r"tensor<([\dx]+)xf32>", text)]
     float_frames = [shape[0] for shape in shapes if len(shape) == 4 and np.prod(shape[1:]) == 84 * 84 * 4]
     assert float_frames and max(float_frames) == 64 // 4, float_frames  # one 16-frame microbatch (any layout)
+
+
+def test_a_learner_that_cannot_fit_is_refused_before_any_thread(monkeypatch, tmp_path):
+    import sebulba.impala_envpool as impala
+    import sebulba.learner
+    import sebulba.threads
+    import sebulba.ppo_envpool as ppo
+    from sebulba.config import ConfigError
+
+    flags = dict(env_id="CartPole-v1", total_timesteps=1024, local_num_envs=8, num_steps=16, num_actor_threads=1,
+                 hiddens=(64, 64), eval_episodes=0, learner_device_ids=[1, 2])
+    free = {}
+    monkeypatch.setattr(sebulba.learner.psutil, "virtual_memory", lambda: SimpleNamespace(available=free["bytes"]))
+    started = []
+    monkeypatch.setattr(sebulba.threads.Supervisor, "add", lambda *a, **k: started.append(a))
+    for module in (ppo, impala):
+        free["bytes"] = 1 << 10  # 1 KiB: less than two devices' programs and the host's rollouts
+        with pytest.raises(ConfigError, match=r"^the learner needs 0\.0 GiB \(0\.0 GiB per learner device for its "
+                                              r"gradient program\) but the host has 0\.0 GiB free: raise "
+                                              r"--gradient-accumulation-steps .*--local-num-envs or --num-steps$"):
+            module.main(module.Args(**flags))
+        assert not started and not list(tmp_path.glob("runs/*/checkpoints/*"))
+    # The figure it compares: XLA's working memory and arguments of the gradient program, per device.
+    args = ppo.Args(**flags)
+    setup = ppo.resolve(args)
+    agent, spec = ppo.make_agent(args)
+    placement = Placement([jax.devices()[0]], jax.devices()[1:3])
+    state, _ = ppo.make_train_state(args, setup, ppo.init_params(agent, spec, jax.random.PRNGKey(0)), placement)
+    rollout = rollout_shapes(16, 8, spec, placement.env_sharded)
+    compiled = ppo.compile_gradient_step(ppo.make_update_fn(args, agent, placement.mesh), args, state, rollout)
+    analysis = compiled.memory_analysis()
+    free["bytes"] = 1 << 40
+    assert sebulba.learner.check_learner_memory(compiled, placement, rollout, 16) == (
+        analysis.temp_size_in_bytes + analysis.argument_size_in_bytes) > 0

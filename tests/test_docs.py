@@ -1,0 +1,100 @@
+"""Every training command in README.md and docs/ works as written.
+
+Each `python sebulba/<script>.py ...` command (in a code block, or inline in backticks; one
+run by `scripts/launch_local.py -n N --` counts as N processes) is parsed by the script's own
+command line and checked by its own `resolve`, so a wrong flag or a bad value fails here. Where
+a page quotes the console's layout line (`run <name>: ...`), the command with that run name must
+print exactly that line. The vector-task commands also train for one update, with the budget
+cut to one batch. Not here: commands with placeholders (`...`, `RUN_DIR`, `<run name>`),
+`scripts/evaluate.py` (tests/test_evaluate.py) and the sbatch template (tests/test_slurm.py).
+"""
+
+import re
+import shlex
+from pathlib import Path
+
+import pytest
+import tyro
+
+import sebulba.impala_envpool as impala
+import sebulba.ppo_envpool as ppo
+from sebulba.config import Cluster
+from sebulba.envs import is_atari
+from sebulba.runtime import layout_line
+
+ROOT = Path(__file__).resolve().parents[1]
+PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
+SCRIPTS = {"sebulba/ppo_envpool.py": ppo, "sebulba/impala_envpool.py": impala}
+PLACEHOLDERS = ("...", "…", "RUN_DIR", "<")
+
+
+def documented_commands() -> list[tuple[str, str]]:
+    """(page, command) for every `python sebulba/...` command on the pages, as one line each."""
+    found = []
+    for page in PAGES:
+        text = page.read_text()
+        blocks = re.findall(r"```[^\n]*\n(.*?)```", text, flags=re.S)
+        lines = [line for block in blocks for line in block.replace("\\\n", " ").splitlines()]
+        spans = [span.replace("\n", " ") for span in re.findall(r"(?<!`)`([^`]+)`(?!`)", re.sub(r"```.*?```", "", text,
+                                                                                           flags=re.S))]
+        for command in lines + spans:
+            command = command.split(" #")[0].strip()
+            command = re.sub(r"^pip install [^&]*&& ", "", command)
+            if "python sebulba/" in command and not any(p in command for p in PLACEHOLDERS):
+                found.append((page.name, " ".join(command.split())))
+    return found
+
+
+def quoted_layout_lines() -> dict[str, str]:
+    """{run name: the layout line a page quotes for it}."""
+    spans = (span.replace("\n", " ") for page in PAGES for span in re.findall(r"`(run \S+: [^`]+)`", page.read_text()))
+    return {span.split(":")[0].removeprefix("run "): " ".join(span.split()) for span in spans}
+
+
+def parse(command: str):
+    """(script module, Args, Cluster) of one documented command."""
+    words = shlex.split(command)
+    processes = 1
+    if words[:2] == ["python", "scripts/launch_local.py"]:
+        processes, words = int(words[words.index("-n") + 1]), words[words.index("--") + 1:]
+    assert words[0] == "python" and words[1] in SCRIPTS, command
+    module = SCRIPTS[words[1]]
+    args = tyro.cli(module.Args, args=words[2:])
+    cluster = Cluster(processes, 0, "127.0.0.1:1") if processes > 1 else Cluster()
+    return module, args, cluster
+
+
+COMMANDS = sorted(set(documented_commands()))
+
+
+def test_the_pages_document_the_commands_this_test_knows():
+    pages = {page for page, _ in COMMANDS}
+    assert {"README.md", "distributed.md", "ppo_envpool.md", "impala_envpool.md"} <= pages
+    assert "two_processes" in quoted_layout_lines()
+
+
+@pytest.mark.parametrize("page, command", COMMANDS)
+def test_documented_command_parses_resolves_and_prints_the_layout_the_page_quotes(page, command, capsys):
+    if "--help" in command.split():
+        with pytest.raises(SystemExit) as exit_:
+            parse(command)
+        assert exit_.value.code == 0 and "usage:" in capsys.readouterr().out
+        return
+    module, args, cluster = parse(command)
+    setup = module.resolve(args, cluster)
+    quoted = quoted_layout_lines().get(args.run_name)
+    if quoted is not None:
+        line = layout_line(args, setup, len(args.actor_device_ids), len(args.learner_device_ids) * cluster.num_processes)
+        assert line == quoted, f"{page}: {command}"
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("command", sorted({c for _, c in COMMANDS if "--env-id" in c and "--distributed" not in c
+                                            and not is_atari(c.split("--env-id ")[1].split()[0])}))
+def test_documented_vector_task_command_trains_one_update(command, capsys):
+    module, args, cluster = parse(command)
+    batch = module.resolve(args, cluster).batch_size
+    args.total_timesteps, args.eval_episodes, args.eval_interval, args.run_name = batch, 0, 0, "docs"
+    summary = module.main(args)
+    assert summary["updates"] == 1 and summary["global_step"] == batch
+    assert capsys.readouterr().out.startswith("run docs: 1 process(es)")
