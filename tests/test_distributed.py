@@ -45,6 +45,7 @@ def make_update_fn(*a, **k):
         state, metrics = update(state, rollout, key)
         record("params", sha(state.params))
         return state, metrics
+    recorded.programs = update.programs  # (the memory check compiles them)
     return recorded
 ppo.make_update_fn = make_update_fn
 Checkpointer = sebulba.checkpoints.Checkpointer

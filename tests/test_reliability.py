@@ -67,6 +67,7 @@ def patched(*a, **k):
         if len(calls) == 2:
             raise RuntimeError("injected learner fault")
         return update(*args)
+    faulty.programs = update.programs  # (the memory check compiles them)
     return faulty
 ppo.make_update_fn = patched
 """
