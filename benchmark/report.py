@@ -43,10 +43,11 @@ def machine_section(data: list[dict], names: list[str]) -> list[str]:
     m = next(d["machine"] for d in data if d)
     commits = ", ".join(f"{n} {d['machine'].get('commit') or '?'}" for n, d in zip(names, data) if d)
     gpus = ", ".join(m["gpus"]) or "none"
+    dates = " to ".join(sorted({d["machine"]["date"] for d in data if d}))
     versions = ", ".join(f"{k} {v}" for k, v in m["versions"].items() if v)
     return ["## Machine", "", "| | |", "| --- | --- |", f"| CPU | {m['cpu']}, {m['cores']} cores, "
             f"{m['memory_gib']} GiB |", f"| GPU | {gpus} |", f"| software | Python {m['python']}, {versions} |",
-            f"| date | {m['date']} |", f"| code (git) per part | {commits} |", ""]
+            f"| date | {dates} |", f"| code (git) per part | {commits} |", ""]
 
 
 def env_section(env: dict, img: Path, rel: str) -> list[str]:
