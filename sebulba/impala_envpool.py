@@ -299,7 +299,7 @@ def run_actor(envs, policy, device: jax.Device, key, params_slot: ParamsSlot, ro
             completed = assembler.add(env_id, obs, reward, terminated, truncated, lives, action, logprob, value, version)
         for rollout, returns, lengths in completed:
             now, stats = time.perf_counter(), timer.pop()
-            stats["actor_sps"] = rollout.actions[1:].size / (now - last_emit)
+            stats["actor_sps"] = rollout.rewards[1:].size / (now - last_emit)  # env steps (not action dimensions)
             with timer("rollout_queue_put_time_s"):
                 timed_put(rollout_queue, (rollout, returns, lengths, stats), stop, args.stall_timeout_s, name)
             last_emit = now
@@ -335,9 +335,10 @@ def make_update_fn(args: Args, agent: Agent, mesh: Mesh):
     """IMPALA update over the learner mesh: (LearnerState, Rollout [T+1, envs] sharded on the env
     axis, key) -> (LearnerState, metrics dict of scalars).
 
-    First the --norm-obs / --norm-reward statistics take in the rollout (the update then
-    normalises with them; actors receive them with the params); with --norm-reward rewards are
-    divided by the running std of the discounted return and clipped to [-10, 10]. One compiled
+    With --norm-reward the return statistics take in the rollout first, and its rewards are
+    divided by the running std of the discounted return and clipped to [-10, 10]; with
+    --norm-obs the loss normalises observations with the statistics the actors acted with, and
+    the rollout's observations enter them after the step (actors receive them with the params). One compiled
     `jit(shard_map(...))` program and one gradient step per batch: each device computes
     V-trace and the loss on its env slice, gradients are `lax.pmean`'d over
     "learner". V-trace's backward `lax.scan` runs on stop-gradient values, so no conv-net
@@ -364,8 +365,11 @@ def make_update_fn(args: Args, agent: Agent, mesh: Mesh):
     update = jax.jit(jax.shard_map(update, mesh=mesh, in_specs=(P(), P(None, "learner")), out_specs=(P(), P())))
 
     def refresh_and_update(state: LearnerState, rollout: Rollout, key):
+        # The loss normalises observations with the statistics the actors acted with; the
+        # rollout's observations enter them after the step, for the next rollouts.
         obs_moments, return_moments = refresh_normalizers(state.obs_moments, state.return_moments, rollout)
-        return update(state.replace(obs_moments=obs_moments, return_moments=return_moments), rollout)
+        state, metrics = update(state.replace(return_moments=return_moments), rollout)
+        return state.replace(obs_moments=obs_moments), metrics
 
     refresh_and_update.programs = {"update": update}  # for inspection (check_learner_memory)
     return refresh_and_update

@@ -320,7 +320,7 @@ def run_actor(envs, policy, device: jax.Device, key, params_slot: ParamsSlot, ro
             completed = assembler.add(env_id, obs, reward, terminated, truncated, lives, action, logprob, value, version)
         for rollout, returns, lengths in completed:
             now, stats = time.perf_counter(), timer.pop()
-            stats["actor_sps"] = rollout.actions[1:].size / (now - last_emit)
+            stats["actor_sps"] = rollout.rewards[1:].size / (now - last_emit)  # env steps (not action dimensions)
             with timer("rollout_queue_put_time_s"):
                 timed_put(rollout_queue, (rollout, returns, lengths, stats), stop, args.stall_timeout_s, name)
             last_emit = now
@@ -364,8 +364,9 @@ def make_update_fn(args: Args, agent: Agent, mesh: Mesh):
     """PPO update over the learner mesh: (LearnerState, Rollout [T+1, envs] sharded on the env
     axis, key) -> (LearnerState, metrics dict of scalars).
 
-    First the --norm-obs / --norm-reward statistics take in the rollout (the update then
-    normalises with them; actors receive them with the params). Then compiled
+    --norm-reward's return statistics take in the rollout first and scale its rewards;
+    --norm-obs's observation statistics take it in after the update, which normalises with
+    the ones the actors acted with (the actors receive the new ones with the new params). Then compiled
     `jit(shard_map(...))` pieces: `prepare` (GAE on each device's env slice, rewards scaled
     with --norm-reward; the frames are not copied), `shuffle` (one permutation of transition
     indices per epoch and device), `gradient` (one microbatch's gradient, its frames gathered
@@ -431,8 +432,11 @@ def make_update_fn(args: Args, agent: Agent, mesh: Mesh):
              for i in range(max(n_mb, n_acc))]
 
     def update(state: LearnerState, rollout: Rollout, key):
+        # The loss normalises observations with the statistics the actors acted with (they came
+        # with the params), so the ratio starts at 1; the rollout's own observations enter the
+        # statistics after the update, for the next. Rewards are scaled with the fresh return std.
         obs_moments, return_moments = refresh_normalizers(state.obs_moments, state.return_moments, rollout)
-        state = state.replace(obs_moments=obs_moments, return_moments=return_moments)
+        state = state.replace(return_moments=return_moments)
         data = prepare(return_moments, rollout)
         grads, metrics = zeros(state.params), []
         for epoch_key in jax.random.split(key, args.update_epochs):
@@ -446,7 +450,7 @@ def make_update_fn(args: Args, agent: Agent, mesh: Mesh):
                 metrics.append(m)
                 if len(metrics) % MAX_STEPS_IN_FLIGHT == 0:
                     jax.block_until_ready(state)
-        return state, jax.tree.map(lambda *m: jnp.mean(jnp.stack(m)), *metrics)
+        return state.replace(obs_moments=obs_moments), jax.tree.map(lambda *m: jnp.mean(jnp.stack(m)), *metrics)
 
     update.programs = {"prepare": prepare, "shuffle": shuffle, "gradient": gradient, "step": step}  # for inspection
     return update

@@ -3,8 +3,11 @@ rlax, observation and reward normalisation statistics, and InvertedPendulum-v4 l
 
 import json
 import math
+import queue
 import sys
+import threading
 from pathlib import Path
+from types import SimpleNamespace
 
 import envpool
 import jax
@@ -20,9 +23,11 @@ import sebulba.impala_envpool as impala
 import sebulba.ppo_envpool as ppo
 from sebulba.config import normalization
 from sebulba.devices import Placement
+from sebulba.envs import make_envs, make_spec
 from sebulba.networks import RunningMoments, entropy, log_prob, make_policy_fn, sample_action
 from sebulba.ppo_envpool import Agent, Minibatch, ppo_loss, prepare_transitions
-from sebulba.rollouts import RolloutAssembler
+from sebulba.rollouts import Rollout, RolloutAssembler
+from sebulba.threads import ParamsSlot
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "scripts"))
 import evaluate
@@ -179,3 +184,59 @@ def test_impala_acts_on_box_actions(capsys):
 def test_normalisation_is_on_by_default_for_mujoco_only():  # bad values: tests/test_config.py
     assert normalization("CartPole-v1", None, None) == (False, False)
     assert normalization("HalfCheetah-v4", None, False) == (True, False)
+
+
+@pytest.mark.parametrize("module", [ppo, impala])
+def test_the_loss_normalises_observations_with_the_statistics_that_acted(module):
+    # With the params and observation statistics that chose the actions, the first loss of an
+    # update must see the behaviour policy itself: ratio 1, nothing clipped. Refreshing the
+    # statistics with the rollout first (as CleanRL's wrapper never does) gave approx_kl 3e-3 here.
+    extra = dict(num_minibatches=1, update_epochs=1) if module is ppo else {}
+    args = module.Args(env_id="InvertedPendulum-v4", local_num_envs=8, num_steps=16, num_actor_threads=1,
+                       learner_device_ids=[0], hiddens=(16, 16), learning_rate=1e-9, **extra)
+    setup = module.resolve(args)
+    agent, spec = module.make_agent(args)
+    params = module.init_params(agent, spec, jax.random.PRNGKey(0))
+    placement = Placement([jax.devices()[0]], [jax.devices()[0]])
+    state, _ = module.make_train_state(args, setup, params, placement)
+    acted = RunningMoments(np.full(4, 1.0, np.float32), np.full(4, 4.0, np.float32), np.float32(100.0))
+    state = state.replace(obs_moments=placement.replicate(acted))
+    rng = np.random.default_rng(0)
+    shape = (17, 8)
+    obs = rng.normal(5.0, 3.0, shape + (4,)).astype(np.float32)  # far from the statistics: a refresh moves them
+    actions = rng.normal(size=shape + (1,)).astype(np.float32)
+    policy, values = agent.apply(params, obs.reshape(-1, 4), acted)
+    logprobs = log_prob(jax.tree.map(lambda x: x.reshape(shape + (1,)), policy), actions)
+    rollout = Rollout(obs, actions, np.asarray(logprobs, np.float32), np.asarray(values, np.float32).reshape(shape),
+                      rng.normal(size=shape).astype(np.float32), np.zeros(shape, bool), np.zeros(shape, bool),
+                      np.zeros(shape, np.int32), rng.normal(size=shape).astype(np.float32))
+    state, metrics = module.make_update_fn(args, agent, placement.mesh)(state, placement.to_learners([rollout]),
+                                                                         jax.random.PRNGKey(1))
+    assert abs(float(metrics["approx_kl"])) < 1e-6
+    assert float(metrics["clipfrac" if module is ppo else "rho_clipfrac"]) == 0.0
+    moments = jax.tree.map(np.asarray, state.obs_moments)  # the rollout's rows 1..16 enter after the update
+    assert moments.count == 100.0 + 16 * 8 and moments.mean[0] > 2.0
+
+
+@pytest.mark.parametrize("module", [ppo, impala])
+def test_actor_sps_counts_env_steps_not_action_dimensions(module, monkeypatch):
+    # HalfCheetah's actions have 6 dimensions: counting the action array's size said 6x the env steps.
+    clock = iter(range(100))  # the actor's perf_counter: 0 at the start, 1 when its rollout is done
+    monkeypatch.setattr(module, "time", SimpleNamespace(perf_counter=lambda: float(next(clock))))
+    spec = make_spec("HalfCheetah-v4")
+    agent = module.Agent(6, (), (8,), atari=False, continuous=True)
+    params = agent.init(jax.random.PRNGKey(0), jnp.zeros((1, 17)))
+    slot = ParamsSlot()
+    slot.publish(0, {jax.devices()[0]: (params, RunningMoments.create(()))})
+    rollouts = queue.Queue()
+    assembler = RolloutAssembler(4, 8, (17,), np.float32, clip_rewards=False, episodic_life=False, action_shape=(6,),
+                                 action_dtype=np.float32)
+    pool = make_envs("HalfCheetah-v4", 4, 4, seed=0, num_threads=1)
+    try:
+        module.run_actor(pool, make_policy_fn(agent, spec.action_space), jax.devices()[0], jax.random.PRNGKey(1),
+                         slot, rollouts, assembler, 1, module.Args(env_id="HalfCheetah-v4", max_policy_lag=1000), 4,
+                         threading.Event(), "actor")
+    finally:
+        pool.close()
+    rollout, _, _, stats = rollouts.get_nowait()
+    assert rollout.actions.shape == (9, 4, 6) and stats["actor_sps"] == 8 * 4  # env steps in one second
