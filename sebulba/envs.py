@@ -25,13 +25,15 @@ def env_settings(env_id: str, episodic_life: bool = False) -> dict[str, Any]:
 
     Atari follows the Machado et al. (2018) evaluation protocol: sticky actions (p=0.25),
     full action space, no life-loss signal unless `episodic_life`, 108k-frame (27k-step)
-    limit, no no-op starts beyond EnvPool's minimum. Rewards come back raw; clipping for
-    training happens in `RolloutAssembler` so the raw game score stays available.
+    limit, no no-op starts beyond EnvPool's minimum, and no FIRE pressed for the agent at a
+    reset or a life loss (EnvPool's `use_fire_reset` defaults to True, as Cleanba and CleanRL
+    run it; here the agent must learn to press FIRE, as in Machado et al.). Rewards come back
+    raw; clipping for training happens in `RolloutAssembler` so the raw game score stays available.
     """
     if not is_atari(env_id):
         return {}
     return dict(episodic_life=episodic_life, reward_clip=False, repeat_action_probability=0.25,
-                full_action_space=True, max_episode_steps=27_000, noop_max=1)
+                full_action_space=True, max_episode_steps=27_000, noop_max=1, use_fire_reset=False)
 
 
 def make_spec(env_id: str, episodic_life: bool = False):

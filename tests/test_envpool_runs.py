@@ -127,3 +127,15 @@ def test_metrics_reach_tensorboard_and_offline_wandb():
     wandb_id = offline_run.name.rsplit("-", 1)[1]
     meta_id = json.loads(next(Path("runs/tracked/checkpoints").rglob("metadata")).read_text()).get("wandb_id")
     assert meta_id == wandb_id
+
+
+def test_atari_pools_follow_machado_et_al_without_a_fire_reset():
+    # EnvPool presses FIRE at every reset and life loss unless told not to (use_fire_reset=True
+    # by default); Machado et al.'s protocol leaves it to the agent.
+    pool = make_envs("Breakout-v5", 2, 2, seed=0, num_threads=1)
+    try:
+        config = pool.config
+        assert (config["use_fire_reset"], config["repeat_action_probability"], config["noop_max"]) == (False, 0.25, 1)
+        assert pool.action_space.n == 18  # full action space
+    finally:
+        pool.close()
