@@ -10,10 +10,12 @@ import pytest
 import rlax
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 from test_learner import make_rollout  # the shared Rollout (sebulba/rollouts.py)
+from fake_envpool import drive_actor
 from test_math import k14_rollout
 
 from sebulba.config import ConfigError
 from sebulba.devices import Placement
+from sebulba.envs import make_envs
 from sebulba.impala_envpool import Agent, Args, impala_loss, main, make_update_fn, resolve, vtrace
 from sebulba.learner import LearnerState
 from sebulba.networks import RunningMoments
@@ -89,33 +91,67 @@ def test_value_targets_are_corrections_plus_values():
     np.testing.assert_allclose(advantages, [1, 0])
 
 
-def test_vtrace_matches_rlax_between_episode_ends_on_random_sequences():
-    """rlax has no truncation: the oracle is rlax run separately on every piece between
-    episode ends, with discount 0 at a termination and the final observation's value
-    bootstrapping a truncation. Both ends occur mid-sequence."""
-    rng = np.random.default_rng(0)
-    T, B, gamma, lam, rho_clip = 24, 6, 0.95, 0.9, 1.3
-    values = rng.normal(size=(T + 1, B)).astype(np.float32)
-    rewards = rng.normal(size=(T, B)).astype(np.float32)
-    log_rhos = rng.normal(scale=0.7, size=(T, B)).astype(np.float32)
-    ends = rng.random((T, B)) < 0.15  # transition t ends the episode at x_{t+1}
-    terminated = ends & (rng.random((T, B)) < 0.5)
-    truncated = ends & ~terminated
-    assert terminated[:-1].any() and truncated[:-1].any()
+def assert_vtrace_matches_rlax_between_episode_ends(values, rewards, terminated, truncated, log_rhos, gamma, lam,
+                                                    rho_clip, compared):
+    """rlax has no truncation: the oracle is rlax run separately on every piece between episode
+    ends, with discount 0 at a termination and the final observation's value bootstrapping a
+    truncation; `compared` [T, B] marks the transitions to compare. Returns the pieces seen."""
+    T, B = rewards.shape
+    ends = terminated | truncated  # transition t ends the episode at x_{t+1}
     discounts = gamma * (1 - terminated)
     out = vtrace(jnp.asarray(values), jnp.asarray(rewards), jnp.asarray(discounts, jnp.float32),
                  jnp.asarray(~ends, jnp.float32), jnp.asarray(log_rhos), rho_clip, 1.0, lam)
+    pieces = 0
     for b in range(B):
-        cuts = [0, *[t + 1 for t in range(T) if ends[t, b]], T]
+        cuts = sorted({0, T, *[t + 1 for t in range(T) if ends[t, b]]})
         for start, stop in zip(cuts[:-1], cuts[1:]):
-            if start == stop:
-                continue
             s = slice(start, stop)
             expected = rlax.vtrace_td_error_and_advantage(
                 values[s, b], values[start + 1:stop + 1, b], rewards[s, b], discounts[s, b].astype(np.float32),
                 np.exp(log_rhos[s, b]), lam, clip_rho_threshold=rho_clip, clip_pg_rho_threshold=rho_clip)
-            np.testing.assert_allclose(out.vs[s, b] - values[s, b], expected.errors, atol=1e-5)
-            np.testing.assert_allclose(out.pg_advantages[s, b], expected.pg_advantage, atol=1e-5)
+            keep = compared[s, b]
+            np.testing.assert_allclose((out.vs[s, b] - values[s, b])[keep], expected.errors[keep], atol=1e-5)
+            np.testing.assert_allclose(out.pg_advantages[s, b][keep], expected.pg_advantage[keep], atol=1e-5)
+            pieces += 1
+    return pieces
+
+
+def test_vtrace_matches_rlax_between_episode_ends_on_random_sequences():
+    """Both kinds of episode end occur mid-sequence."""
+    rng = np.random.default_rng(0)
+    T, B = 24, 6
+    values = rng.normal(size=(T + 1, B)).astype(np.float32)
+    rewards = rng.normal(size=(T, B)).astype(np.float32)
+    log_rhos = rng.normal(scale=0.7, size=(T, B)).astype(np.float32)
+    ends = rng.random((T, B)) < 0.15
+    terminated = ends & (rng.random((T, B)) < 0.5)
+    truncated = ends & ~terminated
+    assert terminated[:-1].any() and truncated[:-1].any()
+    assert_vtrace_matches_rlax_between_episode_ends(values, rewards, terminated, truncated, log_rhos, 0.95, 0.9, 1.3,
+                                                    np.ones((T, B), bool))
+
+
+def test_vtrace_on_a_real_assembled_rollout_matches_rlax_between_episode_ends():
+    """Real EnvPool CartPole rollouts as the actor assembles them (episodes cut at 9 steps, so
+    truncations fall mid-rollout and on the last row; terminations where the pole falls), with
+    V-trace's inputs built from the rows as impala_loss builds them. EnvPool's auto-reset
+    transitions are masked in the loss and not compared."""
+    pool = make_envs("CartPole-v1", 4, 4, seed=3, num_threads=1, max_episode_steps=9)
+    try:
+        items, error = drive_actor(pool, 4, 19, 2, obs_dim=4, num_actions=2)
+    finally:
+        pool.close()
+    assert error is None and len(items) == 2
+    rng = np.random.default_rng(1)
+    for rollout, *_ in items:
+        terminated, truncated = rollout.terminated[1:], rollout.truncated[1:]
+        assert truncated[:-1].any() and truncated[-1].any() and terminated.any()
+        assert all(rollout.obs[t + 1, b, 0] != rollout.obs[t + 2, b, 0] for t, b in zip(*np.nonzero(truncated[:-1])))
+        compared = ~(rollout.terminated[:-1] | rollout.truncated[:-1])  # impala_loss's mask
+        log_rhos = rng.normal(scale=0.5, size=truncated.shape).astype(np.float32)
+        pieces = assert_vtrace_matches_rlax_between_episode_ends(
+            rollout.values, rollout.rewards[1:], terminated, truncated, log_rhos, 0.99, 1.0, 1.0, compared)
+        assert pieces > 8
 
 
 def test_the_auto_reset_step_carries_no_gradient():
