@@ -166,10 +166,10 @@ class CpuSampler:
 
 
 def run_script(script: str, flags: list[str], stop_at_return: float | None = None, timeout: float = 900,
-               cache_dir: Path | None = None) -> dict:
+               cache_dir: Path | None = None, eval_episodes: int = 0, log_frequency: int = 1) -> dict:
     """Run `python sebulba/<script> <flags> --log-frequency 1 --eval-episodes 0` (training alone,
-    no final evaluation) in a fresh process and directory, compiling every program (no
-    persistent compilation cache) unless `cache_dir` names one.
+    no final evaluation, unless `eval_episodes`) in a fresh process and directory, compiling
+    every program (no persistent compilation cache) unless `cache_dir` names one.
 
     Returns the run's summary.json, every console line as (seconds since launch, global step,
     update, episodic return or None), the machine's CPU utilisation over time (and per core
@@ -186,7 +186,7 @@ def run_script(script: str, flags: list[str], stop_at_return: float | None = Non
     with tempfile.TemporaryDirectory() as tmp, CpuSampler() as cpu:
         start = time.perf_counter()
         proc = subprocess.Popen([sys.executable, str(ROOT / "sebulba" / script), *flags, "--run-name", "bench",
-                                 "--log-frequency", "1", "--eval-episodes", "0",
+                                 "--log-frequency", str(log_frequency), "--eval-episodes", str(eval_episodes),
                                  "--compilation-cache-dir", str(cache_dir)], cwd=tmp, stdout=subprocess.PIPE,
                                 stderr=subprocess.STDOUT, text=True)
         cpu.watch = psutil.Process(proc.pid)

@@ -3,7 +3,8 @@
     python benchmark/report.py                                   # benchmark/results -> benchmark/RESULTS.md, docs/img/
     python benchmark/report.py --results DIR --md FILE --img DIR
 
-Reads env_throughput.json, stages.json, e2e.json, time_to_solve.json, startup.json and memory.json (whichever exist)
+Reads env_throughput.json, stages.json, e2e.json, time_to_solve.json, startup.json, memory.json and learning.json
+(whichever exist)
 and writes every table and figure from them; nothing in RESULTS.md is typed by hand.
 """
 
@@ -12,6 +13,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import statistics
 from pathlib import Path
 
 import matplotlib
@@ -223,6 +225,52 @@ def startup_section(start: dict) -> list[str]:
     return [*out, ""]
 
 
+def learning_section(learn: dict, img: Path, rel: str) -> list[str]:
+    def mean_std(values):
+        values = [v for v in values if v is not None]
+        if not values:
+            return "n/a"
+        return f"{statistics.fmean(values):,.1f} ± {statistics.pstdev(values):,.1f}"
+    out = ["## Learning quality (`benchmark/learning.py`)", "",
+           "End-of-run return by CleanRL's protocol: the mean raw return of the last 20 finished training games "
+           "at the end of each run (`episodic_return_mean`), then mean ± std over seeds. Final evaluation: "
+           "`final_eval` in summary.json (10 games with sampled actions on a separate pool), mean ± std over "
+           "seeds. Wall clock: one run, launch to exit, median over seeds.", "",
+           "| task | seeds | reference (published) | ours, end of run | ours, final evaluation | target | | wall clock per run |",
+           "| --- | --- | --- | --- | --- | --- | --- | --- |"]
+    for name, r in learn["results"].items():
+        ref = r["reference"]
+        reference = f"{ref[0]:,.1f} ± {ref[1]:,.1f} ({ref[2]})" if ref else "–"
+        wall = statistics.median(run["wall_s"] for run in r["runs"])
+        verdict = {True: "met", False: "missed", None: ""}[r["met"]]
+        out.append(f"| {name} | {len(r['runs'])} | {reference} | {mean_std([x['end_return'] for x in r['runs']])} | "
+                   f"{mean_std([x['final_eval'] for x in r['runs']])} | {r['target']} | {verdict} | {wall:,.0f} s |")
+        fig, ax = plt.subplots(figsize=(6, 3.5))
+        curves = [[(s, v) for s, v in run["curve"] if v is not None] for run in r["runs"]]
+        curves = [c for c in curves if c]
+        if curves:
+            grid = sorted({s for c in curves for s, _ in c})
+            at = [[next((v for s, v in reversed(c) if s <= g), None) for c in curves] for g in grid]
+            keep = [(g, [v for v in vs if v is not None]) for g, vs in zip(grid, at)]
+            keep = [(g, vs) for g, vs in keep if vs]
+            means = [statistics.fmean(vs) for _, vs in keep]
+            stds = [statistics.pstdev(vs) for _, vs in keep]
+            steps = [g for g, _ in keep]
+            ax.plot(steps, means, color="C0", label=f"ours ({len(curves)} seeds)")
+            ax.fill_between(steps, [m - s for m, s in zip(means, stds)], [m + s for m, s in zip(means, stds)],
+                            color="C0", alpha=0.25)
+        if ref:
+            ax.axhline(ref[0], color="grey", ls="--", lw=1, label="reference")
+        ax.set(xlabel="env steps", ylabel="return (mean of last 20 games)", title=name)
+        ax.legend()
+        file = name.replace("/", "_") + ".png"
+        save_fig(fig, img / "learning" / file)
+        r["png"] = f"{rel}/learning/{file}"
+    out.append("")
+    out += [f"![{name}]({r['png']})" for name, r in learn["results"].items()]
+    return [*out, ""]
+
+
 def memory_section(mem: dict) -> list[str]:
     gib = lambda b: f"{b / 2**30:.2f} GiB"  # noqa: E731
     threads, envs, steps = mem["num_actor_threads"], mem["local_num_envs"], mem["num_steps"]
@@ -312,8 +360,8 @@ def save_fig(fig, path: Path):
 
 
 def report(results: Path, md: Path, img: Path) -> Path:
-    names = ("env_throughput", "stages", "e2e", "time_to_solve", "startup", "memory")
-    env, stages, e2e, tts, start, mem = parts = [load(results, n) for n in names]
+    names = ("env_throughput", "stages", "e2e", "time_to_solve", "startup", "memory", "learning")
+    env, stages, e2e, tts, start, mem, learn = parts = [load(results, n) for n in names]
     if not any(parts):
         raise SystemExit(f"no results in {results}: run benchmark/run.py first")
     rel = os.path.relpath(img, md.parent)
@@ -338,6 +386,8 @@ def report(results: Path, md: Path, img: Path) -> Path:
         lines += startup_section(start)
     if mem:
         lines += memory_section(mem)
+    if learn:
+        lines += learning_section(learn, img, rel)
     md.write_text("\n".join(lines))
     return md
 

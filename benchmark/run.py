@@ -1,6 +1,6 @@
 """The benchmark suite in one command: measure, then regenerate RESULTS.md and the plots.
 
-    python benchmark/run.py            # full: ~80 min on 2 cores -> benchmark/results/, benchmark/RESULTS.md, docs/img/
+    python benchmark/run.py            # full: ~80 min on 2 cores + ~2 h of learning -> benchmark/results/, RESULTS.md, docs/img/
     python benchmark/run.py --quick    # smoke test, ~4 min -> benchmark/results/quick/ (RESULTS.md, img/)
     python benchmark/run.py --only e2e stages    # re-measure some parts, keep the others' results
 
@@ -8,9 +8,11 @@ Runs, each in its own process on an otherwise quiet machine: env_throughput (the
 side's physical limit), stages (each stage alone: actor efficiency, work-conserving limit),
 e2e (the scripts end to end, async vs sync, every layout), time_to_solve (CartPole-v1,
 PPO and IMPALA, 5 seeds), startup (time to the first update, first and second run with the
-compilation cache), memory (peak host memory at the default Atari sizes); then report. Every part records the machine (CPU, cores, GPUs,
-library versions). --quick measures tiny versions of the same (CartPole only beyond env
-throughput and memory) into benchmark/results/quick/, never over the full results.
+compilation cache), memory (peak host memory at the default Atari sizes), learning (learning
+quality against published results, several seeds per task); then report. Every part records
+the machine (CPU, cores, GPUs, library versions). --quick measures tiny versions of the same
+(CartPole only beyond env throughput and memory; learning only with --only learning) into
+benchmark/results/quick/, never over the full results.
 """
 
 from __future__ import annotations
@@ -24,17 +26,18 @@ from pathlib import Path
 from common import RESULTS, ROOT
 from report import report
 
-PARTS = ("env_throughput", "stages", "e2e", "time_to_solve", "startup", "memory")
+PARTS = ("env_throughput", "stages", "e2e", "time_to_solve", "startup", "memory", "learning")
 
 if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--quick", action="store_true", help="smoke-test sizes (~4 min on 2 cores)")
-    parser.add_argument("--only", nargs="+", choices=PARTS, default=list(PARTS), help="parts to (re)measure")
+    parser.add_argument("--only", nargs="+", choices=PARTS, help="parts to (re)measure (default: all; --quick: all but "
+                        "learning)")
     cli = parser.parse_args()
     out = RESULTS / "quick" if cli.quick else RESULTS
     here = Path(__file__).resolve().parent
     start = time.perf_counter()
-    for part in cli.only:
+    for part in cli.only or [p for p in PARTS if not (cli.quick and p == "learning")]:
         print(f"== {part}", flush=True)
         subprocess.run([sys.executable, str(here / f"{part}.py"), "--out", str(out), *["--quick"] * cli.quick],
                        check=True, cwd=here)

@@ -63,3 +63,29 @@ def test_report_renders_tables_targets_and_plots(tmp_path):
     assert "time_to_solve" not in text and "env_throughput.png" not in text  # absent parts are left out
     assert {p.name for p in (tmp_path / "img").iterdir()} == {"e2e_async_vs_sync.png", "e2e_learner_scaling.png",
                                                                "cpu_utilisation.png"}
+
+
+def test_learning_targets_and_report(tmp_path):
+    import learning
+
+    def run(end, final=500.0, curve=((1000, 100.0), (2000, 480.0), (3000, 500.0))):
+        return {"seed": 1, "wall_s": 60.0, "end_return": end, "final_eval": final, "curve": list(curve)}
+    ref = (1442.6, 46.0, "CleanRL")
+    assert learning.met("mean ≥ ref − 1 std", [run(1400.0), run(1393.4)], ref)  # mean 1396.7 vs 1442.6 - 46.0
+    assert not learning.met("mean ≥ ref − 1 std", [run(1400.0), run(1393.0)], ref)
+    assert not learning.met("every seed ≥ 480", [run(500.0), run(479.9)], None)
+    assert not learning.met("every seed ends ≥ 475, final eval too", [run(500.0, final=318.0)], None)
+    dip = ((1000, 476.0), (2000, 449.0), (3000, 500.0))  # reached 475, then fell below 450
+    assert not learning.met("every seed reaches ≥ 475 and the last-20 mean stays ≥ 450 after", [run(500.0, curve=dip)],
+                            None)
+    assert learning.met("every seed reaches ≥ 475 and the last-20 mean stays ≥ 450 after", [run(500.0)], None)
+    assert not learning.met("every seed ≥ 480", [run(None)], None)  # a run without a finished game fails
+    machine = {"cpu": "test cpu", "cores": 2, "memory_gib": 1.0, "gpus": [], "python": "3.11", "versions": {},
+               "date": "2026-12-01"}
+    (tmp_path / "learning.json").write_text(json.dumps({"machine": machine, "quick": False, "results": {
+        "HalfCheetah-v4/PPO/1M": {"script": "ppo_envpool.py", "flags": [], "reference": list(ref),
+                                  "target": "mean ≥ ref − 1 std", "runs": [run(1500.0), run(1300.0)], "met": True}}}))
+    text = report.report(tmp_path, tmp_path / "RESULTS.md", tmp_path / "img").read_text()
+    assert ("| HalfCheetah-v4/PPO/1M | 2 | 1,442.6 ± 46.0 (CleanRL) | 1,400.0 ± 100.0 | 500.0 ± 0.0 | "
+            "mean ≥ ref − 1 std | met | 60 s |") in text
+    assert (tmp_path / "img" / "learning" / "HalfCheetah-v4_PPO_1M.png").exists()

@@ -1,0 +1,108 @@
+"""Learning quality against published results: the scripts on the reference tasks, several seeds.
+
+    python benchmark/learning.py                 # every task (about 2 h on 2 cores)
+    python benchmark/learning.py --only CartPole-v1/PPO/100k     # one task
+    python benchmark/learning.py --quick         # the pipeline at tiny budgets (~3 min), not for quoting
+
+Each task is a command of a script, run once per seed in a fresh process (benchmark/common.py's
+`run_script`, console line every update, the final evaluation on). Recorded per run: the curve
+(env steps, mean raw return of the last 20 finished training games), the end-of-run return by
+CleanRL's protocol (the mean episodic return of the training games at the end: the script's
+`episodic_return_mean` in summary.json), the final evaluation (`final_eval`, sampled actions,
+--eval-episodes games on a separate pool), and the wall clock. The report puts "ours vs
+reference" in RESULTS.md, one PNG per task (mean ± std over seeds against env steps, the
+reference dashed). Writes benchmark/results/learning.json (or under --out).
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+
+from common import IMPALA_CARTPOLE, PPO_CARTPOLE, cli_parser, run_script, save
+
+# CleanRL's MuJoCo PPO settings over 8 envs x 256 steps (the README / docs/ppo_envpool.md preset).
+PPO_MUJOCO = ["--total-timesteps", "1000000", "--local-num-envs", "8", "--num-steps", "256", "--num-actor-threads",
+              "1", "--hiddens", "64", "64", "--num-minibatches", "32", "--update-epochs", "10", "--learning-rate",
+              "3e-4", "--clip-coef", "0.2", "--ent-coef", "0.0"]
+# CleanRL ppo.py's CartPole settings: 4 envs x 128 steps, 4 minibatches x 4 epochs, lr 2.5e-4, entropy 0.01.
+PPO_CARTPOLE_CLEANRL = ["--env-id", "CartPole-v1", "--total-timesteps", "500000", "--local-num-envs", "4",
+                        "--num-steps", "128", "--num-actor-threads", "1", "--hiddens", "64", "64",
+                        "--num-minibatches", "4", "--update-epochs", "4", "--learning-rate", "2.5e-4",
+                        "--clip-coef", "0.2", "--ent-coef", "0.01"]
+
+# name: (script, flags, seeds, reference (mean, std, source) or None, target (description, test on the seed means))
+TASKS = {
+    "HalfCheetah-v4/PPO/1M": ("ppo_envpool.py", ["--env-id", "HalfCheetah-v4", *PPO_MUJOCO], 3,
+                              (1442.6, 46.0, "CleanRL ppo_continuous_action.py, 3 seeds"), "mean ≥ ref − 1 std"),
+    "Hopper-v4/PPO/1M": ("ppo_envpool.py", ["--env-id", "Hopper-v4", *PPO_MUJOCO], 3,
+                         (2382.9, 271.7, "CleanRL ppo_continuous_action.py, 3 seeds"), "mean ≥ ref − 1 std"),
+    "Walker2d-v4/PPO/1M": ("ppo_envpool.py", ["--env-id", "Walker2d-v4", *PPO_MUJOCO], 3,
+                           (2288.0, 571.8, "CleanRL ppo_continuous_action.py, 3 seeds"), "mean ≥ ref − 1 std"),
+    "CartPole-v1/PPO/500k": ("ppo_envpool.py", PPO_CARTPOLE_CLEANRL, 3, (490.0, 6.1, "CleanRL ppo.py"), "every seed ≥ 480"),
+    "CartPole-v1/PPO/100k": ("ppo_envpool.py", PPO_CARTPOLE, 5, None, "every seed ends ≥ 475, final eval too"),
+    "CartPole-v1/IMPALA": ("impala_envpool.py", IMPALA_CARTPOLE, 5, None,
+                           "every seed reaches ≥ 475 and the last-20 mean stays ≥ 450 after"),
+}
+QUICK_STEPS = {"HalfCheetah-v4/PPO/1M": 8192, "CartPole-v1/PPO/100k": 10240}  # --quick: these two, one seed
+
+
+def with_budget(flags: list[str], steps: int) -> list[str]:
+    i = flags.index("--total-timesteps")
+    return [*flags[:i + 1], str(steps), *flags[i + 2:]]
+
+
+def met(target: str, runs: list[dict], reference) -> bool | None:
+    """Whether the runs meet the task's target (None: nothing to judge)."""
+    ends = [r["end_return"] for r in runs if r["end_return"] is not None]
+    if len(ends) < len(runs) or not ends:
+        return False
+    if target.startswith("mean ≥ ref"):
+        return statistics.fmean(ends) >= reference[0] - reference[1]
+    if target == "every seed ≥ 480":
+        return min(ends) >= 480
+    if target.startswith("every seed ends ≥ 475"):
+        return min(ends) >= 475 and all((r["final_eval"] or 0) >= 475 for r in runs)
+    if target.startswith("every seed reaches ≥ 475"):
+        for r in runs:
+            returns = [ret for _, ret in r["curve"] if ret is not None]
+            first = next((i for i, ret in enumerate(returns) if ret >= 475), None)
+            if first is None or min(returns[first:]) < 450:
+                return False
+        return True
+    return None
+
+
+def run(quick: bool, only: list[str] | None) -> dict:
+    results = {}
+    for name, (script, flags, seeds, reference, target) in TASKS.items():
+        if (only and name not in only) or (quick and name not in QUICK_STEPS):
+            continue
+        if quick:
+            flags, seeds = with_budget(flags, QUICK_STEPS[name]), 1
+        runs = []
+        for seed in range(1, seeds + 1):
+            result = run_script(script, [*flags, "--seed", str(seed)], timeout=7200, eval_episodes=10)
+            summary = result["summary"]
+            runs.append({"seed": seed, "wall_s": result["wall_s"], "end_return": summary.get("episodic_return_mean"),
+                         "final_eval": (summary.get("final_eval") or {}).get("episodic_return_mean"),
+                         "final_eval_std": (summary.get("final_eval") or {}).get("episodic_return_std"),
+                         "curve": [(step, ret if ret is None else round(ret, 1)) for _, step, _, ret in result["lines"]]})
+            print(f"{name} seed {seed}: end return {runs[-1]['end_return']}, final eval {runs[-1]['final_eval']} "
+                  f"({result['wall_s']:.0f} s)", flush=True)
+        results[name] = {"script": script, "flags": flags, "reference": reference, "target": target, "runs": runs,
+                         "met": met(target, runs, reference)}
+    return results
+
+
+if __name__ == "__main__":
+    parser = cli_parser(__doc__, "learning", "two tasks at tiny budgets, one seed: the pipeline, not the figures")
+    parser.add_argument("--only", nargs="+", choices=list(TASKS), help="tasks to run")
+    cli = parser.parse_args()
+    results = run(cli.quick, cli.only)
+    previous = cli.out / "learning.json"
+    if cli.only and previous.exists():  # keep the other tasks' results
+        kept = json.loads(previous.read_text())
+        if kept.get("quick") == cli.quick:
+            results = {**kept["results"], **results}
+    print("written:", save("learning", {"quick": cli.quick, "results": results}, cli.out))
