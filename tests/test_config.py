@@ -11,6 +11,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import wandb
 
 from sebulba import impala_envpool as impala
 from sebulba import ppo_envpool as ppo
@@ -80,8 +81,11 @@ def test_track_without_a_wandb_login_is_refused_before_anything_is_written(tmp_p
     monkeypatch.setenv("HOME", str(tmp_path))  # no ~/.netrc, no wandb settings
     monkeypatch.setenv("NETRC", str(tmp_path / ".netrc"))
     monkeypatch.setenv("WANDB_CONFIG_DIR", str(tmp_path / "wandb-config"))
-    with pytest.raises(ConfigError, match=r"^--track found no W&B login: run `wandb login`.*WANDB_MODE=offline"):
-        ppo.main(ppo.Args(**CARTPOLE, num_steps=16, track=True))
+    try:
+        with pytest.raises(ConfigError, match=r"^--track found no W&B login: run `wandb login`.*WANDB_MODE=offline"):
+            ppo.main(ppo.Args(**CARTPOLE, num_steps=16, track=True))
+    finally:
+        wandb.teardown()  # the lookup set up W&B's process-wide settings with these variables: later tests log offline
     assert not (tmp_path / "runs").exists() and not (tmp_path / "wandb").exists()
     monkeypatch.setenv("WANDB_MODE", "offline")  # logging locally needs no login
     ppo.resolve(ppo.Args(**CARTPOLE, num_steps=16, track=True))
