@@ -251,7 +251,6 @@ class Run:
         return summary
 
 
-
 def layout_line(flags: RunFlags, setup: Setup, num_actor_devices: int, num_learner_devices: int) -> str:
     """The console's first line: the run's name, processes, devices, threads, envs, the batch and
     the number of updates (the docs quote it; tests/test_docs.py checks them against this)."""
