@@ -86,7 +86,7 @@ class Args(RunFlags):
     num_minibatches: int = 4
     """minibatches per epoch on each learner device"""
     gradient_accumulation_steps: int = 1
-    """microbatches per minibatch gradient, one program each: less working memory, same update"""
+    """microbatches per minibatch gradient, one program each: less working memory (--norm-adv per microbatch)"""
     update_epochs: int = 4
     """passes over each rollout batch"""
     norm_adv: bool = True
