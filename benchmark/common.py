@@ -166,7 +166,8 @@ class CpuSampler:
 
 
 def run_script(script: str, flags: list[str], stop_at_return: float | None = None, timeout: float = 900,
-               cache_dir: Path | None = None, eval_episodes: int = 0, log_frequency: int = 1) -> dict:
+               cache_dir: Path | None = None, eval_episodes: int = 0, log_frequency: int = 1,
+               env: dict[str, str] | None = None, scalars: tuple[str, ...] = ()) -> dict:
     """Run `python sebulba/<script> <flags> --log-frequency 1 --eval-episodes 0` (training alone,
     no final evaluation, unless `eval_episodes`) in a fresh process and directory, compiling
     every program (no persistent compilation cache) unless `cache_dir` names one.
@@ -177,6 +178,8 @@ def run_script(script: str, flags: list[str], stop_at_return: float | None = Non
     CPU-seconds (user + system), its peak resident memory (sampled every 0.5 s) and the
     wall-clock seconds. With `stop_at_return` the run is
     sent SIGTERM at the first line whose return reaches it (it checkpoints and exits 143).
+    `env` adds variables to the child's environment; `scalars` names TensorBoard tags whose
+    logged (global step, value) pairs are returned under "scalars".
 
     Raises:
       RuntimeError: the run failed (its output is included).
@@ -188,7 +191,7 @@ def run_script(script: str, flags: list[str], stop_at_return: float | None = Non
         proc = subprocess.Popen([sys.executable, str(ROOT / "sebulba" / script), *flags, "--run-name", "bench",
                                  "--log-frequency", str(log_frequency), "--eval-episodes", str(eval_episodes),
                                  "--compilation-cache-dir", str(cache_dir)], cwd=tmp, stdout=subprocess.PIPE,
-                                stderr=subprocess.STDOUT, text=True)
+                                stderr=subprocess.STDOUT, text=True, env={**os.environ, **(env or {})})
         cpu.watch = psutil.Process(proc.pid)
         timer = threading.Timer(timeout, proc.kill)
         timer.start()
@@ -207,12 +210,17 @@ def run_script(script: str, flags: list[str], stop_at_return: float | None = Non
         if code not in (0, 143) or not summary_file.exists():
             raise RuntimeError(f"{script} {' '.join(flags)} exited {code}:\n{''.join(output[-40:])}")
         summary = json.loads(summary_file.read_text())
+        logged = {}
+        if scalars:
+            from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+            events = EventAccumulator(str(summary_file.parent)).Reload()
+            logged = {tag: [(e.step, e.value) for e in events.Scalars(tag)] for tag in scalars}
     after = resource.getrusage(resource.RUSAGE_CHILDREN)
     cpu_s = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
     # Steady phase: from the first console line (first update done) on, so start-up is left out.
     steady = cpu.per_core_mean(since=lines[0][0]) if lines else []
     return {"summary": summary, "lines": lines, "cpu_series": cpu.series(), "cpu_per_core": steady,
-            "cpu_s": cpu_s, "wall_s": wall, "peak_rss_bytes": cpu.peak_rss}
+            "cpu_s": cpu_s, "wall_s": wall, "peak_rss_bytes": cpu.peak_rss, "scalars": logged}
 
 
 def steady_rates(lines: list[tuple], skip: int = 1) -> tuple[float, float]:

@@ -19,7 +19,7 @@ from __future__ import annotations
 import json
 import statistics
 
-from common import IMPALA_CARTPOLE, PPO_CARTPOLE, cli_parser, run_script, save
+from common import IMPALA_CARTPOLE, PPO_CARTPOLE, cli_parser, machine, run_script, save
 
 # CleanRL's MuJoCo PPO settings over 8 envs x 256 steps (the README / docs/ppo_envpool.md preset).
 PPO_MUJOCO = ["--total-timesteps", "1000000", "--local-num-envs", "8", "--num-steps", "256", "--num-actor-threads",
@@ -91,7 +91,7 @@ def run(quick: bool, only: list[str] | None) -> dict:
             print(f"{name} seed {seed}: end return {runs[-1]['end_return']}, final eval {runs[-1]['final_eval']} "
                   f"({result['wall_s']:.0f} s)", flush=True)
         results[name] = {"script": script, "flags": flags, "reference": reference, "target": target, "runs": runs,
-                         "met": met(target, runs, reference)}
+                         "met": met(target, runs, reference), "commit": machine()["commit"]}  # --only merges tasks
     return results
 
 

@@ -3,8 +3,8 @@
     python benchmark/report.py                                   # benchmark/results -> benchmark/RESULTS.md, docs/img/
     python benchmark/report.py --results DIR --md FILE --img DIR
 
-Reads env_throughput.json, stages.json, e2e.json, time_to_solve.json, startup.json, memory.json and learning.json
-(whichever exist)
+Reads env_throughput.json, stages.json, e2e.json, time_to_solve.json, startup.json, memory.json, learning.json
+and gpu.json (whichever exist)
 and writes every table and figure from them; nothing in RESULTS.md is typed by hand.
 """
 
@@ -27,6 +27,7 @@ from common import RESULTS, ROOT  # noqa: E402
 ACTOR_EFFICIENCY, LIMIT_FRACTION, CARTPOLE_SPS, SOLVE_S, BREAKOUT_SPS, ASYNC_RATIO, FIRST_UPDATE_S, RSS_RATIO = (
     0.85, 0.85, 25_000, 60, 40, 1.5, 60, 2.5)
 SECOND_RUN_FIRST_UPDATE_S = 3.0
+CLEANBA_BREAKOUT_SPS = 6_100  # Cleanba's PPO on 1 A100 with 10 CPU cores (derived from its published runtimes)
 
 
 def fmt(s: dict | None, digits: int = 0, scale: float = 1.0) -> str:
@@ -225,6 +226,27 @@ def startup_section(start: dict) -> list[str]:
     return [*out, ""]
 
 
+def gpu_section(gpu: dict) -> list[str]:
+    m = gpu["machine"]
+    out = ["## On a GPU (`benchmark/gpu.py`)", "",
+           f"{', '.join(m['gpus']) or 'no GPU recorded'}; {m['cpu']}, {m['cores']} cores; code {m.get('commit')}, "
+           f"{m['date']}. Actor and learner on the same GPU (`--actor-device-ids 0 --learner-device-ids 0`), "
+           "compilation cache off. Steady env steps/s after the first update; actor and learner rates are "
+           "`charts/actor_sps` and `charts/learner_sps`; GPU memory is the peak `nvidia-smi` reported in use, with "
+           "JAX's preallocation off. Median (min–max) over the runs.", "",
+           "| task | runs | first update | env steps/s | actor env steps/s | learner env steps/s | GPU memory peak |",
+           "| --- | --- | --- | --- | --- | --- | --- |"]
+    for name, r in gpu["results"].items():
+        out.append(f"| {name} | {len(r['runs'])} | {fmt(r['time_to_first_update_s'], 1)} s | {fmt(r['sps'])} | "
+                   f"{fmt(r['actor_sps'])} | {fmt(r['learner_sps'])} | {fmt(r['gpu_memory_peak_mib'], 1, 1 / 1024)} GiB |")
+    breakout = gpu["results"].get("Breakout-v5/PPO")
+    if breakout and breakout["sps"]["median"]:
+        ratio = breakout["sps"]["median"] / CLEANBA_BREAKOUT_SPS
+        out += ["", f"Breakout-v5 PPO against Cleanba's {CLEANBA_BREAKOUT_SPS:,} env steps/s (1 A100, 10 CPU cores): "
+                f"{ratio:.2f}×."]
+    return [*out, ""]
+
+
 def learning_section(learn: dict, img: Path, rel: str) -> list[str]:
     def mean_std(values):
         values = [v for v in values if v is not None]
@@ -235,16 +257,17 @@ def learning_section(learn: dict, img: Path, rel: str) -> list[str]:
            "End-of-run return by CleanRL's protocol: the mean raw return of the last 20 finished training games "
            "at the end of each run (`episodic_return_mean`), then mean ± std over seeds. Final evaluation: "
            "`final_eval` in summary.json (10 games with sampled actions on a separate pool), mean ± std over "
-           "seeds. Wall clock: one run, launch to exit, median over seeds.", "",
-           "| task | seeds | reference (published) | ours, end of run | ours, final evaluation | target | | wall clock per run |",
-           "| --- | --- | --- | --- | --- | --- | --- | --- |"]
+           "seeds. Wall clock: one run, launch to exit, median over seeds. Code: the commit each task ran on.", "",
+           "| task | seeds | reference (published) | ours, end of run | ours, final evaluation | target | | wall clock "
+           "per run | code |", "| --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
     for name, r in learn["results"].items():
         ref = r["reference"]
         reference = f"{ref[0]:,.1f} ± {ref[1]:,.1f} ({ref[2]})" if ref else "–"
         wall = statistics.median(run["wall_s"] for run in r["runs"])
         verdict = {True: "met", False: "missed", None: ""}[r["met"]]
         out.append(f"| {name} | {len(r['runs'])} | {reference} | {mean_std([x['end_return'] for x in r['runs']])} | "
-                   f"{mean_std([x['final_eval'] for x in r['runs']])} | {r['target']} | {verdict} | {wall:,.0f} s |")
+                   f"{mean_std([x['final_eval'] for x in r['runs']])} | {r['target']} | {verdict} | {wall:,.0f} s | "
+                   f"{r.get('commit') or learn['machine'].get('commit') or '?'} |")
         fig, ax = plt.subplots(figsize=(6, 3.5))
         curves = [[(s, v) for s, v in run["curve"] if v is not None] for run in r["runs"]]
         curves = [c for c in curves if c]
@@ -360,8 +383,8 @@ def save_fig(fig, path: Path):
 
 
 def report(results: Path, md: Path, img: Path) -> Path:
-    names = ("env_throughput", "stages", "e2e", "time_to_solve", "startup", "memory", "learning")
-    env, stages, e2e, tts, start, mem, learn = parts = [load(results, n) for n in names]
+    names = ("env_throughput", "stages", "e2e", "time_to_solve", "startup", "memory", "learning", "gpu")
+    env, stages, e2e, tts, start, mem, learn, gpu = parts = [load(results, n) for n in names]
     if not any(parts):
         raise SystemExit(f"no results in {results}: run benchmark/run.py first")
     rel = os.path.relpath(img, md.parent)
@@ -388,6 +411,8 @@ def report(results: Path, md: Path, img: Path) -> Path:
         lines += memory_section(mem)
     if learn:
         lines += learning_section(learn, img, rel)
+    if gpu:
+        lines += gpu_section(gpu)
     md.write_text("\n".join(lines))
     return md
 

@@ -87,5 +87,40 @@ def test_learning_targets_and_report(tmp_path):
                                   "target": "mean ≥ ref − 1 std", "runs": [run(1500.0), run(1300.0)], "met": True}}}))
     text = report.report(tmp_path, tmp_path / "RESULTS.md", tmp_path / "img").read_text()
     assert ("| HalfCheetah-v4/PPO/1M | 2 | 1,442.6 ± 46.0 (CleanRL) | 1,400.0 ± 100.0 | 500.0 ± 0.0 | "
-            "mean ≥ ref − 1 std | met | 60 s |") in text
+            "mean ≥ ref − 1 std | met | 60 s | ? |") in text
     assert (tmp_path / "img" / "learning" / "HalfCheetah-v4_PPO_1M.png").exists()
+
+
+@pytest.mark.parametrize("driver, reason", [(False, "nvidia-smi is not on this machine"), (True, "JAX sees no GPU")])
+def test_gpu_check_refuses_in_one_line_without_a_gpu(tmp_path, driver, reason):
+    """On a CPU-only machine (and with an NVIDIA driver but a CPU-only JAX): exit 2, one line
+    on stderr, nothing written."""
+    import os
+    import subprocess
+    bin_dir, out = tmp_path / "bin", tmp_path / "out"
+    bin_dir.mkdir()
+    if driver:
+        (bin_dir / "nvidia-smi").write_text("#!/bin/sh\necho 'NVIDIA H200, 143771 MiB'\n")
+        (bin_dir / "nvidia-smi").chmod(0o755)
+    path = os.pathsep.join([str(bin_dir)] + [p for p in os.environ["PATH"].split(os.pathsep)
+                                             if not (Path(p) / "nvidia-smi").exists()])
+    proc = subprocess.run([sys.executable, str(Path(common.ROOT) / "benchmark" / "gpu.py"), "--out", str(out)],
+                          capture_output=True, text=True, timeout=120, env={**os.environ, "PATH": path})
+    assert proc.returncode == 2 and proc.stdout == "", proc.stderr
+    assert len(proc.stderr.strip().splitlines()) == 1 and reason in proc.stderr
+    assert not out.exists()
+
+
+def test_report_renders_the_gpu_section(tmp_path):
+    machine = {"cpu": "test cpu", "cores": 16, "memory_gib": 128.0, "gpus": ["NVIDIA H200, 143771 MiB"],
+               "python": "3.11", "versions": {}, "date": "2026-12-01", "commit": "abc1234"}
+    s = lambda v: common.spread([v])  # noqa: E731
+    (tmp_path / "gpu.json").write_text(json.dumps({"machine": machine, "quick": False, "results": {
+        "Breakout-v5/PPO": {"script": "ppo_envpool.py", "flags": [], "runs": [{}, {}], "time_to_first_update_s": s(31.0),
+                            "sps": s(9150.0), "actor_sps": s(12000.0), "learner_sps": s(30000.0),
+                            "gpu_memory_peak_mib": s(3584.0)}}}))
+    text = report.report(tmp_path, tmp_path / "RESULTS.md", tmp_path / "img").read_text()
+    assert "NVIDIA H200, 143771 MiB; test cpu, 16 cores; code abc1234" in text
+    assert ("| Breakout-v5/PPO | 2 | 31.0 (31.0–31.0) s | 9,150 (9,150–9,150) | 12,000 (12,000–12,000) | "
+            "30,000 (30,000–30,000) | 3.5 (3.5–3.5) GiB |") in text
+    assert "(1 A100, 10 CPU cores): 1.50×." in text
