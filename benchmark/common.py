@@ -37,9 +37,10 @@ PPO_CARTPOLE = ["--env-id", "CartPole-v1", "--total-timesteps", "100000", "--loc
                 "32", "--num-actor-threads", "1", "--hiddens", "64", "64", "--num-minibatches", "1",
                 "--update-epochs", "20", "--learning-rate", "1e-3", "--gamma", "0.98", "--gae-lambda", "0.8",
                 "--clip-coef", "0.2", "--ent-coef", "0.0"]
-IMPALA_CARTPOLE = ["--env-id", "CartPole-v1", "--total-timesteps", "200000", "--local-num-envs", "8", "--num-steps",
+IMPALA_CARTPOLE = ["--env-id", "CartPole-v1", "--total-timesteps", "320000", "--local-num-envs", "8", "--num-steps",
                    "8", "--num-actor-threads", "1", "--hiddens", "64", "64", "--optimizer", "adam",
-                   "--learning-rate", "7e-4", "--ent-coef", "0.0", "--max-grad-norm", "0.5"]
+                   "--learning-rate", "7e-4", "--ent-coef", "0.0", "--max-grad-norm", "8", "--norm-reward", "True",
+                   "--async-batch-size", "8"]
 # Breakout as in the performance issue: 12 envs per thread, 32 steps, 4 minibatches x 4 epochs,
 # IMPALA ResNet 16-32-32/256 (the script's Atari defaults otherwise).
 # `recv` batch = the pool in both: the only difference between the async and sync modes of

@@ -11,7 +11,7 @@ back to every actor device. V-trace is what keeps the learner correct under poli
     | envpool async (num_envs N,    |  queue     | take rollouts as they arrive      |
     |   batch B <= N)               | (bounded,  | device_put, env axis split over L |
     | recv -> policy -> send(id)    |  shared)   | jit(shard_map(...)): V-trace,     |
-    | per-env trajectory buffers    |----------->|   one gradient step, pmean        |
+    | per-env trajectory buffers    |----------->|   one gradient step, psum         |
     | newest params <---------------+------------| publish (version, params)         |
     +-------------------------------+   params   +-----------------------------------+
 
@@ -232,13 +232,15 @@ def masked_mean(x, mask):
 
 
 def impala_loss(params, apply_fn, rollout, args):
-    """IMPALA loss on one device's rollout slice [T+1, n] (Espeholt et al. 2018, section 4.2):
-    policy gradient with V-trace advantages + vf_coef * 0.5 (v_s - V(x_s))^2 - ent_coef * entropy.
+    """IMPALA loss on one device's rollout slice [T+1, n] (Espeholt et al. 2018, section 4.2): the
+    sum over transitions of the policy gradient with V-trace advantages + vf_coef * 0.5 (v_s - V(x_s))^2
+    - ent_coef * entropy.
 
     Transition t is (obs_t, action_t) -> reward and episode end received with obs_{t+1}; its
     mask is 0 when obs_t itself ended an episode (EnvPool's auto-reset step: the action is
-    ignored), so that step carries no gradient. Every mean is over unmasked transitions.
-    Returns (loss, metrics dict).
+    ignored), so that step carries no gradient. The loss is a sum over the unmasked transitions,
+    as in the paper's code, so RMSProp's epsilon and the gradient clip act on gradients of the
+    paper's scale; the metrics are means over them. Returns (loss, metrics dict).
     """
     t1, n = rollout.actions.shape[:2]
     policy, values = apply_fn(params, rollout.obs.reshape((t1 * n,) + rollout.obs.shape[2:]))
@@ -249,11 +251,12 @@ def impala_loss(params, apply_fn, rollout, args):
     targets = vtrace(values, rollout.rewards[1:], args.gamma * (1.0 - terminated),
                      (1.0 - terminated) * (1.0 - truncated), logprobs - rollout.logprobs[:-1],
                      args.rho_clip, args.c_clip, args.vtrace_lambda)
-    pg_loss = -masked_mean(targets.pg_advantages * logprobs, mask)
-    v_loss = 0.5 * masked_mean(jnp.square(targets.vs - values[:-1]), mask)
-    mean_entropy = masked_mean(entropy(policy), mask)
-    loss = pg_loss - args.ent_coef * mean_entropy + args.vf_coef * v_loss
-    metrics = dict(policy_loss=pg_loss, value_loss=v_loss, entropy=mean_entropy,
+    pg_losses = -targets.pg_advantages * logprobs
+    v_losses = 0.5 * jnp.square(targets.vs - values[:-1])
+    entropies = entropy(policy)
+    loss = jnp.sum(mask * (pg_losses - args.ent_coef * entropies + args.vf_coef * v_losses))
+    metrics = dict(policy_loss=masked_mean(pg_losses, mask), value_loss=masked_mean(v_losses, mask),
+                   entropy=masked_mean(entropies, mask),
                    approx_kl=masked_mean(-(logprobs - rollout.logprobs[:-1]), mask),
                    rho_clipfrac=masked_mean((targets.rhos > args.rho_clip).astype(jnp.float32), mask))
     return loss, metrics
@@ -317,12 +320,14 @@ def run_actor(envs, policy, device: jax.Device, key, params_slot: ParamsSlot, ro
 
 
 def make_train_state(args: Args, setup: Setup, params, placement: Placement):
-    """The learner's LearnerState (fresh statistics; RMSProp as in IMPALA, decay 0.99 and eps 0.01, or Adam; after
-    global-norm clipping) replicated over the learner mesh, and its learning-rate schedule
+    """The learner's LearnerState (fresh statistics; RMSProp as in IMPALA's code, decay 0.99 and eps 0.01, or
+    Adam; after global-norm clipping of the summed loss's gradient) replicated over the learner mesh, and its learning-rate schedule
     (linear to 0 over the updates with --anneal-lr)."""
     lr_schedule = optax.linear_schedule(args.learning_rate, 0.0 if args.anneal_lr else args.learning_rate,
                                         setup.num_updates)
-    optimizer = (optax.rmsprop(lr_schedule, decay=0.99, eps=0.01) if args.optimizer == "rmsprop"
+    # TF1's RMSProp, which the paper's code used: eps inside the square root, accumulators start at 1.
+    optimizer = (optax.rmsprop(lr_schedule, decay=0.99, eps=0.01, initial_scale=1.0, eps_in_sqrt=True)
+                 if args.optimizer == "rmsprop"
                  else optax.adam(lr_schedule, eps=1e-5))
     tx = optax.chain(optax.clip_by_global_norm(args.max_grad_norm), optimizer)
     obs_shape = make_agent(args)[1].observation_space.shape if setup.norm_obs else ()
@@ -340,8 +345,8 @@ def make_update_fn(args: Args, agent: Agent, mesh: Mesh):
     --norm-obs the loss normalises observations with the statistics the actors acted with, and
     the rollout's observations enter them after the step (actors receive them with the params). One compiled
     `jit(shard_map(...))` program and one gradient step per batch: each device computes
-    V-trace and the loss on its env slice, gradients are `lax.pmean`'d over
-    "learner". V-trace's backward `lax.scan` runs on stop-gradient values, so no conv-net
+    V-trace and the loss (a sum) on its env slice, gradients are `lax.psum`'d over
+    "learner", so the step is that of the loss summed over the batch. V-trace's backward `lax.scan` runs on stop-gradient values, so no conv-net
     gradient sits inside a loop (the XLA:CPU slowdown of docs/performance.md does not
     apply). `key` is unused (no shuffling); it keeps the signature shared with PPO's.
     """
@@ -353,12 +358,12 @@ def make_update_fn(args: Args, agent: Agent, mesh: Mesh):
             scale = jax.lax.rsqrt(state.return_moments.var + 1e-8)
             rollout = rollout._replace(rewards=jnp.clip(rollout.rewards * scale, -10.0, 10.0))
         # Params are replicated (invariant over "learner"); the gradient of an invariant input
-        # would come back already summed over devices. Casting to varying keeps it local, so
-        # the pmean below averages it.
+        # would come back already summed over devices. Casting to varying keeps it local, and
+        # the psum below makes it the gradient of the loss summed over the whole batch.
         params = jax.lax.pcast(state.params, "learner", to="varying")
         (_, metrics), grads = jax.value_and_grad(impala_loss, has_aux=True)(
             params, lambda p, obs: agent.apply(p, obs, state.obs_moments), rollout, args)
-        grads = jax.lax.pmean(grads, "learner")
+        grads = jax.lax.psum(grads, "learner")
         metrics = jax.tree.map(lambda m: jax.lax.pmean(m, "learner"), metrics)
         return state.apply_gradients(grads=grads), metrics
 

@@ -1,5 +1,5 @@
 """Box actions and the MuJoCo preset: Gaussian policy pieces against hand-computed values and
-rlax, observation and reward normalisation statistics, and InvertedPendulum-v4 learning."""
+rlax, observation and reward normalisation statistics, and Hopper-v4 learning on a small budget."""
 
 import json
 import math
@@ -145,29 +145,34 @@ def test_discounted_returns_restart_with_each_episode_and_scale_the_rewards():
     assert float(jnp.max(huge.advantages)) <= 10.0 * (1 + 0.5 + 0.25) + 1e-4  # rewards clipped to 10
 
 
-PRESET = ["--env-id", "InvertedPendulum-v4", "--local-num-envs", "8", "--num-steps", "256", "--num-actor-threads", "1",
-          "--hiddens", "64", "64", "--num-minibatches", "32", "--update-epochs", "10", "--learning-rate", "3e-4",
-          "--clip-coef", "0.2", "--ent-coef", "0.0"]
+# The MuJoCo preset (docs/ppo_envpool.md): CleanRL's ppo_continuous_action.py settings over 8 envs x 256 steps.
+PRESET = ["--local-num-envs", "8", "--num-steps", "256", "--num-actor-threads", "1", "--hiddens", "64", "64",
+          "--num-minibatches", "32", "--update-epochs", "10", "--learning-rate", "3e-4", "--clip-coef", "0.2",
+          "--ent-coef", "0.0"]
 
 
 @pytest.mark.slow
-def test_inverted_pendulum_preset_learns_and_evaluate_uses_the_saved_statistics(capsys):
-    # The MuJoCo preset (docs/ppo_envpool.md) with a fixed seed, 40 updates = 81,920 env steps
-    # (well within the 300k target): obs normalisation and reward scaling are on by default.
-    args = tyro.cli(ppo.Args, args=[*PRESET, "--total-timesteps", "81920", "--run-name", "pendulum",
-                                    "--log-frequency", "20", "--eval-episodes", "4"])
+def test_hopper_learns_on_a_small_budget_and_evaluate_uses_the_saved_statistics(capsys):
+    """Hopper-v4 with the MuJoCo preset, --deterministic, seed 1, 40 updates = 81,920 env steps
+    (about 25 s on 2 cores): a random policy scores about 20 (25 after 5 updates); measured
+    here 347 at the end, final evaluation 355, greedy evaluation 366. The threshold of 200
+    leaves room for other CPUs' numerics. Observation normalisation and reward scaling are on
+    by default for MuJoCo."""
+    args = tyro.cli(ppo.Args, args=["--env-id", "Hopper-v4", *PRESET, "--total-timesteps", "81920", "--deterministic",
+                                    "--seed", "1", "--run-name", "hopper", "--log-frequency", "20",
+                                    "--eval-episodes", "4"])
     assert normalization(args.env_id, args.norm_obs, args.norm_reward) == (True, True)
     summary = ppo.main(args)
-    assert summary["episodic_return_mean"] >= 500, summary
-    assert summary["final_eval"]["episodic_return_mean"] >= 500, summary["final_eval"]
-    run = Path("runs/pendulum")
+    assert summary["episodic_return_mean"] >= 200, summary
+    assert summary["final_eval"]["episodic_return_mean"] >= 200, summary["final_eval"]
+    run = Path("runs/hopper")
     capsys.readouterr()
     result = evaluate.main([str(run), "--episodes", "4", "--greedy", "--json"])
-    assert result["return_mean"] >= 500
+    assert result["return_mean"] >= 200
     # The statistics travel in the checkpoint: without them the same params fail.
     module, saved_args, agent, spec, (params, moments), _ = evaluate.load(run, None)
-    assert float(moments.count) == pytest.approx(81920, rel=0.01) and moments.mean.shape == (4,)
-    blind = evaluate.evaluate(module, saved_args, agent, spec, (params, RunningMoments.create((4,))), 4, 0, True)
+    assert float(moments.count) == pytest.approx(81920, rel=0.01) and moments.mean.shape == (11,)
+    blind = evaluate.evaluate(module, saved_args, agent, spec, (params, RunningMoments.create((11,))), 4, 0, True)
     assert blind["return_mean"] < result["return_mean"]
     assert json.loads((run / "config.json").read_text())["args"]["norm_obs"] is None  # auto, resolved per task
 
