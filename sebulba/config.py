@@ -20,7 +20,7 @@ from pathlib import Path
 
 import envpool
 
-from sebulba.envs import is_atari, is_mujoco
+from sebulba.envs import has_dict_obs, is_atari, is_mujoco
 
 
 class ConfigError(ValueError):
@@ -266,6 +266,9 @@ def resolve_run(flags: RunFlags, num_steps: int, cluster: Cluster = Cluster()) -
     if is_atari(flags.env_id) and (norm_obs or norm_reward):
         raise ConfigError("--norm-obs and --norm-reward are for vector observations; Atari frames are scaled by 1/255 "
                           "and rewards clipped to [-1, 1]")
+    if has_dict_obs(flags.env_id) and norm_obs:
+        raise ConfigError("--norm-obs is for vector observations; a MiniGrid observation holds object, colour and "
+                          "state ids, which the network embeds")
     n = flags.local_num_envs
     lockstep = flags.deterministic or flags.max_policy_lag == 0  # every env in every recv
     if lockstep and flags.async_batch_size not in (None, n):

@@ -122,7 +122,7 @@ class Placement:
 
     def to_learners(self, rollouts: list[NamedTuple]) -> NamedTuple:
         """Concatenate this process's per-thread host rollouts [T+1, N] (a `Rollout`, or any
-        NamedTuple of [T+1, N, ...] arrays) into its [T+1, K*N] part of the global batch
+        pytree of [T+1, N, ...] arrays: dictionary observations too) into its [T+1, K*N] part of the global batch
         [T+1, processes*K*N], ordered so each local learner device's contiguous env slice
         holds an equal part of every thread's envs."""
         num_learners = self.num_local_learners
@@ -136,7 +136,7 @@ class Placement:
             global_shape = (t, k * n * jax.process_count()) + rest
             return jax.make_array_from_process_local_data(self.env_sharded, local, global_shape)
 
-        return type(rollouts[0])(*[interleave(*fields) for fields in zip(*rollouts)])
+        return jax.tree.map(interleave, *rollouts)
 
 
 def host(x) -> np.ndarray:

@@ -19,6 +19,11 @@ def is_mujoco(env_id: str) -> bool:
     return envpool.registration.registry.specs[env_id][0].startswith("envpool.mujoco")  # (module, spec class, kw)
 
 
+def has_dict_obs(env_id: str) -> bool:
+    """Whether the task's observations are a dict of arrays (MiniGrid/BabyAI: image, direction, mission)."""
+    return type(envpool.make_spec(env_id).observation_space).__name__ == "Dict"
+
+
 def env_settings(env_id: str, episodic_life: bool = False) -> dict[str, Any]:
     """EnvPool settings of the training protocol, for `make_envs` and for the spec that sizes
     the network (Atari's full action space has 18 actions, the default spec fewer).
@@ -64,7 +69,7 @@ def check_env_ids(env_id, batch_size: int):
 
 
 def recv_batch(envs, batch_size: int, sort: bool = False):
-    """One `recv`, checked: (env_id [B] int32, obs [B, *obs], reward [B] raw, terminated [B],
+    """One `recv`, checked: (env_id [B] int32, obs [B, *obs] or a dict of such, reward [B] raw, terminated [B],
     truncated [B], lives [B] or None). With `sort` (--deterministic) the rows are in env-id order.
 
     Raises:
@@ -75,7 +80,8 @@ def recv_batch(envs, batch_size: int, sort: bool = False):
     lives = info.get("lives")
     if sort:
         order = np.argsort(env_id)
-        env_id, obs, reward, terminated, truncated = (x[order] for x in (env_id, obs, reward, terminated, truncated))
+        env_id, reward, terminated, truncated = (x[order] for x in (env_id, reward, terminated, truncated))
+        obs = {k: x[order] for k, x in obs.items()} if isinstance(obs, dict) else obs[order]
         lives = None if lives is None else lives[order]
     return env_id, obs, reward, terminated, truncated, lives
 

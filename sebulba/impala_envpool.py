@@ -58,7 +58,7 @@ if not __package__:  # run as a file: import the shared modules from this checko
 from sebulba.config import (Cluster, ConfigError, RunFlags, Setup, check_network, check_ranges, detect_cluster,
                             normalization, resolve_run)
 from sebulba.devices import Placement, host
-from sebulba.envs import is_atari, make_spec, recv_batch
+from sebulba.envs import has_dict_obs, is_atari, make_spec, recv_batch
 from sebulba.learner import Bookkeeping, LearnerState, check_learner_memory, make_normalizer_update
 from sebulba.networks import ImpalaEncoder, MLPEncoder, RunningMoments, entropy, log_prob, make_policy_fn
 from sebulba.rollouts import Rollout, RolloutAssembler, rollout_shapes
@@ -117,7 +117,11 @@ def resolve(args: Args, cluster: Cluster = Cluster()) -> Setup:
     if args.c_clip > args.rho_clip:
         raise ConfigError(f"--c-clip={args.c_clip} must not exceed --rho-clip={args.rho_clip} (Espeholt et al. 2018, "
                           "section 4.1)")
-    return resolve_run(args, args.num_steps, cluster)
+    setup = resolve_run(args, args.num_steps, cluster)  # checks --env-id first
+    if has_dict_obs(args.env_id):
+        raise ConfigError(f"--env-id {args.env_id} has dictionary observations (MiniGrid), which this script's network "
+                          "does not read; use sebulba/ppo_envpool.py")
+    return setup
 
 
 # ---------------------------------------------------------------------------

@@ -75,7 +75,8 @@ def check_learner_memory(compiled, placement, rollout: Rollout, host_env_rollout
     need = analysis.temp_size_in_bytes + analysis.argument_size_in_bytes
     local = [d for d in placement.mesh.devices.flat if d.process_index == jax.process_index()]
     if local[0].platform == "cpu":
-        per_env = sum(np.prod(x.shape) * np.dtype(x.dtype).itemsize for x in rollout) / rollout.obs.shape[1]
+        nbytes = sum(np.prod(x.shape) * np.dtype(x.dtype).itemsize for x in jax.tree.leaves(rollout))
+        per_env = nbytes / rollout.rewards.shape[1]
         total, free, where = need * len(local) + host_env_rollouts * per_env, psutil.virtual_memory().available, "the host"
     else:
         stats = local[0].memory_stats() or {}

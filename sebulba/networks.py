@@ -1,4 +1,4 @@
-"""Agent building blocks every script shares: the IMPALA ResNet and MLP encoders, the running
+"""Agent building blocks every script shares: the IMPALA ResNet, MLP and MiniGrid encoders, the running
 statistics of observation normalisation and reward scaling, the two action distributions
 (categorical, diagonal Gaussian), and the jitted policy function that actors and evaluation
 call. Each script's `Agent` puts its heads on these encoders.
@@ -52,6 +52,31 @@ class MLPEncoder(nn.Module):
         x = obs.reshape((obs.shape[0], -1)).astype(jnp.float32)
         for h in self.hiddens:
             x = nn.tanh(nn.Dense(h, kernel_init=nn.initializers.orthogonal(np.sqrt(2)))(x))
+        return x
+
+
+class MiniGridEncoder(nn.Module):
+    """Dictionary observations of MiniGrid/BabyAI tasks: the agent's 7x7 egocentric view
+    `image` [B, 7, 7, 3] uint8, whose channels are MiniGrid's object, colour and state ids,
+    and `direction` [B] int32 (0-3). Each id gets a learned `embed`-dimensional embedding
+    (MiniGrid's id ranges: 11 object types, 6 colours, 3 door states), the direction too;
+    they are concatenated, flattened and passed through ReLU dense layers `hiddens`. The
+    `mission` string is not read: it carries nothing where the mission is fixed (Memory,
+    Empty, DoorKey, ...); tasks whose mission names a colour or object (GoToDoor, Fetch, ...)
+    need a text encoder."""
+
+    hiddens: tuple[int, ...]
+    embed: int = 8
+    id_ranges = (11, 6, 3)  # minigrid.core.constants: OBJECT_TO_IDX, COLOR_TO_IDX, STATE_TO_IDX
+
+    @nn.compact
+    def __call__(self, obs):
+        image = obs["image"].astype(jnp.int32)
+        parts = [nn.Embed(n, self.embed)(jnp.clip(image[..., c], 0, n - 1)) for c, n in enumerate(self.id_ranges)]
+        x = jnp.concatenate(parts, axis=-1).reshape((image.shape[0], -1))
+        x = jnp.concatenate([x, nn.Embed(4, self.embed)(obs["direction"].astype(jnp.int32))], axis=-1)
+        for h in self.hiddens:
+            x = nn.relu(nn.Dense(h, kernel_init=nn.initializers.orthogonal(np.sqrt(2)))(x))
         return x
 
 

@@ -58,10 +58,11 @@ from sebulba import config
 from sebulba.config import (Cluster, ConfigError, RunFlags, check_network, check_ranges, detect_cluster, normalization,
                             resolve_run)
 from sebulba.devices import Placement, host
-from sebulba.envs import is_atari, make_spec, recv_batch
+from sebulba.envs import has_dict_obs, is_atari, make_spec, recv_batch
 from sebulba.learner import Bookkeeping, LearnerState, check_learner_memory, make_normalizer_update
-from sebulba.networks import ImpalaEncoder, MLPEncoder, RunningMoments, entropy, log_prob, make_policy_fn
-from sebulba.rollouts import Rollout, RolloutAssembler, rollout_shapes
+from sebulba.networks import (ImpalaEncoder, MiniGridEncoder, MLPEncoder, RunningMoments, entropy, log_prob,
+                              make_policy_fn)
+from sebulba.rollouts import Rollout, RolloutAssembler, rollout_shapes, zeros_obs
 from sebulba.runtime import Run, run_cli
 from sebulba.threads import ParamsSlot, Stopped, Supervisor, Timer, timed_get, timed_put
 
@@ -138,9 +139,10 @@ def resolve(args: Args, cluster: Cluster = Cluster()) -> Setup:
 
 
 class Agent(nn.Module):
-    """Policy and value heads. Atari: one shared ResNet; vector observations: separate policy
-    and value MLPs (as in CleanRL's classic-control and MuJoCo PPO), so the value loss does not
-    swamp the policy's features. With `norm_obs`, observations are first normalised by
+    """Policy and value heads. Atari: one shared ResNet; MiniGrid's dictionary observations: one
+    shared MiniGridEncoder (id embeddings, then the `hiddens` layers); vector observations:
+    separate policy and value MLPs (as in CleanRL's classic-control and MuJoCo PPO), so the
+    value loss does not swamp the policy's features. With `norm_obs`, observations are first normalised by
     `obs_moments`. Returns (policy, value [B]) where policy is logits [B, A] for discrete
     actions, or (mean [B, A], log_std [B, A]) of a diagonal Gaussian whose log-std is a learned,
     state-independent vector (Schulman et al. 2017's MuJoCo setup)."""
@@ -151,6 +153,7 @@ class Agent(nn.Module):
     atari: bool
     continuous: bool = False
     norm_obs: bool = False
+    minigrid: bool = False
 
     @nn.compact
     def __call__(self, obs, obs_moments: RunningMoments | None = None):
@@ -158,6 +161,8 @@ class Agent(nn.Module):
             obs = obs_moments.normalize(obs)
         if self.atari:
             policy_x = value_x = ImpalaEncoder(self.channels, self.hiddens)(obs)
+        elif self.minigrid:
+            policy_x = value_x = MiniGridEncoder(self.hiddens)(obs)
         else:
             policy_x, value_x = MLPEncoder(self.hiddens)(obs), MLPEncoder(self.hiddens)(obs)
         policy = nn.Dense(self.num_actions, kernel_init=nn.initializers.orthogonal(0.01))(policy_x)
@@ -174,13 +179,13 @@ def make_agent(args: Args):
     continuous = type(spec.action_space).__name__ == "Box"
     num_actions = spec.action_space.shape[0] if continuous else spec.action_space.n
     agent = Agent(num_actions, tuple(args.channels), tuple(args.hiddens), is_atari(args.env_id), continuous,
-                  normalization(args.env_id, args.norm_obs, args.norm_reward)[0])
+                  normalization(args.env_id, args.norm_obs, args.norm_reward)[0], has_dict_obs(args.env_id))
     return agent, spec
 
 
 def init_params(agent: Agent, spec, key):
-    obs_space = spec.observation_space
-    return agent.init(key, np.zeros((1, *obs_space.shape), obs_space.dtype), RunningMoments.create(obs_space.shape))
+    moments = RunningMoments.create(() if agent.minigrid else spec.observation_space.shape)
+    return agent.init(key, zeros_obs(spec.observation_space, 1), moments)
 
 
 # ---------------------------------------------------------------------------
@@ -233,7 +238,7 @@ def normalize_advantages(advantages, mask):
 
 
 class Minibatch(NamedTuple):
-    obs: jax.Array  # [M, *obs_shape]
+    obs: jax.Array  # [M, *obs_shape], or a dict of such (MiniGrid)
     actions: jax.Array  # [M] int32, or [M, A] float32 unclipped Gaussian samples
     logprobs: jax.Array  # [M] behaviour-policy log pi(a|s)
     advantages: jax.Array  # [M]
@@ -276,7 +281,7 @@ def prepare_transitions(rollout: Rollout, gamma: float, gae_lambda: float, retur
         rewards = jnp.clip(rewards / jnp.sqrt(return_moments.var + 1e-8), -10.0, 10.0)
     advantages, returns = compute_gae(rewards, rollout.values, rollout.terminated[1:],
                                       rollout.truncated[1:], gamma, gae_lambda)
-    return Minibatch(rollout.obs[:-1], rollout.actions[:-1], rollout.logprobs[:-1], advantages, returns,
+    return Minibatch(jax.tree.map(lambda x: x[:-1], rollout.obs), rollout.actions[:-1], rollout.logprobs[:-1], advantages, returns,
                      mask.astype(jnp.float32))
 
 
@@ -329,7 +334,7 @@ def run_actor(envs, policy, device: jax.Device, key, params_slot: ParamsSlot, ro
                 with timer("params_wait_time_s"):
                     version, params = params_slot.wait(wanted, stop, args.stall_timeout_s, name, exact=args.deterministic)
                 with timer("inference_time_s"):
-                    action, env_action, logprob, value, key = policy(params[device], obs[late], key)
+                    action, env_action, logprob, value, key = policy(params[device], jax.tree.map(lambda x: x[late], obs), key)
                     sent = sent.copy()  # (the first choice is read-only, and recorded as row T)
                     sent[late] = np.asarray(action if env_action is None else env_action)
                 assembler.restart_rows(env_id[late], np.asarray(action), np.asarray(logprob), np.asarray(value), version)
@@ -402,7 +407,8 @@ def make_update_fn(args: Args, agent: Agent, mesh: Mesh):
         """`grads` plus one microbatch's gradient (averaged over devices, / n_acc), and its metrics."""
         rows = perm[index].reshape((n_acc, -1))[micro]
         # Rows 0..T-1 of the rollout's [T+1, n, ...] observations are transitions 0..T*n-1 when flattened.
-        part = jax.tree.map(lambda x: x[rows], data)._replace(obs=obs.reshape((-1,) + obs.shape[2:])[rows])
+        part = jax.tree.map(lambda x: x[rows], data)._replace(
+            obs=jax.tree.map(lambda x: x.reshape((-1,) + x.shape[2:])[rows], obs))
         # Params are replicated (invariant over "learner"); the gradient of an invariant input
         # would come back already summed over devices. Casting to varying keeps it local, so
         # the pmean below averages it.

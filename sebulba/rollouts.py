@@ -18,8 +18,9 @@ class Rollout(NamedTuple):
     """num_steps + 1 rows per env. Row t holds what `recv` returned for obs_t and the action
     taken on it; row num_steps is also row 0 of the env's next rollout.
 
-    obs [T+1, N, *obs]; actions [T+1, N] int32 or [T+1, N, A] float32 (Box: as sampled, before
-    clipping to the bounds); logprobs, values [T+1, N] float32 (behaviour policy); rewards
+    obs [T+1, N, *obs], or for dictionary observations (MiniGrid) a dict of such arrays;
+    actions [T+1, N] int32 or [T+1, N, A] float32 (Box: as sampled, before clipping to the
+    bounds); logprobs, values [T+1, N] float32 (behaviour policy); rewards
     [T+1, N] float32 (training reward received *with* obs_t, i.e. of transition t-1);
     terminated, truncated [T+1, N] bool (obs_t ended its episode); versions [T+1, N] int32
     (params version that chose actions[t]); discounted_returns [T+1, N] float32 (discounted
@@ -37,16 +38,38 @@ class Rollout(NamedTuple):
     discounted_returns: np.ndarray
 
 
+def obs_storage(space):
+    """(shape, dtype) in which a rollout stores one observation of `space`: float64 as float32,
+    a Discrete value as an int32 scalar; for a Dict space ({key: shape}, {key: dtype})."""
+    if type(space).__name__ == "Dict":
+        parts = {key: obs_storage(sub) for key, sub in space.spaces.items()}
+        return {k: shape for k, (shape, _) in parts.items()}, {k: dtype for k, (_, dtype) in parts.items()}
+    if type(space).__name__ == "Discrete":
+        return (), np.dtype(np.int32)
+    return tuple(space.shape), np.dtype(np.float32 if space.dtype == np.float64 else space.dtype)
+
+
+def zeros_obs(space, batch: int):
+    """`batch` zero observations of `space` as stored (`obs_storage`): [batch, *obs], or a dict of such."""
+    shape, dtype = obs_storage(space)
+    if isinstance(shape, dict):
+        return {k: np.zeros((batch, *shape[k]), dtype[k]) for k in shape}
+    return np.zeros((batch, *shape), dtype)
+
+
 def rollout_shapes(num_steps: int, num_envs: int, spec, sharding) -> Rollout:
     """A Rollout of jax.ShapeDtypeStruct ([num_steps + 1, num_envs, ...], placed by `sharding`) for
     the env spec's spaces: the learner's input as the actors assemble it, for compiling ahead of
-    time (`.lower`). Observations as stored: float64 ones as float32."""
-    obs, actions = spec.observation_space, spec.action_space
+    time (`.lower`). Observations as stored (`obs_storage`)."""
+    actions = spec.action_space
     continuous = type(actions).__name__ == "Box"
 
     def shape(extra, dtype):
         return jax.ShapeDtypeStruct((num_steps + 1, num_envs, *extra), dtype, sharding=sharding)
-    return Rollout(shape(obs.shape, np.float32 if obs.dtype == np.float64 else obs.dtype),
+    obs_shape, obs_dtype = obs_storage(spec.observation_space)
+    obs = ({k: shape(obs_shape[k], obs_dtype[k]) for k in obs_shape} if isinstance(obs_shape, dict)
+           else shape(obs_shape, obs_dtype))
+    return Rollout(obs,
                    shape(actions.shape, np.float32 if continuous else np.int32), *[shape((), np.float32)] * 3,
                    shape((), bool), shape((), bool), shape((), np.int32), shape((), np.float32))
 
@@ -65,7 +88,7 @@ class RolloutAssembler:
     def __init__(self, num_envs: int, num_steps: int, obs_shape, obs_dtype, clip_rewards: bool, episodic_life: bool,
                  first_rollout: int = 0, action_shape=(), action_dtype=np.int32, gamma: float = 0.99):
         self.num_envs, self.num_steps = num_envs, num_steps
-        self.obs_shape, self.obs_dtype = tuple(obs_shape), obs_dtype
+        self.obs_shape, self.obs_dtype = obs_shape, obs_dtype  # dicts of them for dictionary observations
         self.action_shape, self.action_dtype = tuple(action_shape), action_dtype
         self.clip_rewards, self.episodic_life, self.gamma = clip_rewards, episodic_life, gamma
         self.discounted_return = np.zeros(num_envs, np.float32)
@@ -86,8 +109,10 @@ class RolloutAssembler:
                 raise RuntimeError(f"EnvPool ran some envs {self.max_pending} rollouts ahead of others; "
                                    "env stepping is starved - use fewer envs per thread or a larger --async-batch-size")
             shape = (self.num_steps + 1, self.num_envs)
+            obs = ({k: np.zeros(shape + tuple(s), self.obs_dtype[k]) for k, s in self.obs_shape.items()}
+                   if isinstance(self.obs_shape, dict) else np.zeros(shape + tuple(self.obs_shape), self.obs_dtype))
             self.buffers[generation] = Rollout(
-                np.zeros(shape + self.obs_shape, self.obs_dtype), np.zeros(shape + self.action_shape, self.action_dtype),
+                obs, np.zeros(shape + self.action_shape, self.action_dtype),
                 np.zeros(shape, np.float32), np.zeros(shape, np.float32), np.zeros(shape, np.float32),
                 np.zeros(shape, bool), np.zeros(shape, bool), np.zeros(shape, np.int32), np.zeros(shape, np.float32))
         return self.buffers[generation]
@@ -124,7 +149,7 @@ class RolloutAssembler:
             buffer.versions[0, envs] = version
 
     def add(self, env_id, obs, reward, terminated, truncated, lives, actions, logprobs, values, version: int):
-        """Record one batch (all [B] arrays, `reward` raw). Returns the rollouts completed by it,
+        """Record one batch (all [B] arrays, `reward` raw; `obs` [B, *obs] or a dict of such). Returns the rollouts completed by it,
         each as (Rollout, episode returns, episode lengths) for games that ended since the last one."""
         done = terminated | truncated
         counts = ~self.prev_done[env_id]
@@ -140,8 +165,8 @@ class RolloutAssembler:
         continues = ~self.prev_done[env_id]  # an episode's first obs starts a new discounted return
         self.discounted_return[env_id] = self.gamma * continues * self.discounted_return[env_id] + train_reward
         self.prev_done[env_id] = done
-        fields = (obs, actions, logprobs, values, train_reward, terminated, truncated, version,
-                  self.discounted_return[env_id])
+        fields = Rollout(obs, actions, logprobs, values, train_reward, terminated, truncated, version,
+                         self.discounted_return[env_id])
 
         generations, rows = self.generation[env_id], self.row[env_id]
         for g in np.unique(generations):
@@ -165,6 +190,6 @@ class RolloutAssembler:
         return completed
 
     @staticmethod
-    def _write(buffer: Rollout, rows, env_ids, fields, sel):
-        for array, value in zip(buffer, fields):
+    def _write(buffer: Rollout, rows, env_ids, fields: Rollout, sel):
+        for array, value in zip(jax.tree.leaves(buffer), jax.tree.leaves(fields)):  # a dict obs: each of its arrays
             array[rows, env_ids] = value[sel] if np.ndim(value) else value

@@ -39,7 +39,7 @@ from sebulba.devices import Placement, setup_devices, use_compilation_cache
 from sebulba.envs import env_segments, is_atari, make_envs, pool_seed
 from sebulba.evaluation import EVAL_SEED_OFFSET, Evaluator, run_evaluator
 from sebulba.metrics import Logger
-from sebulba.rollouts import RolloutAssembler
+from sebulba.rollouts import RolloutAssembler, obs_storage
 from sebulba.threads import AnyEvent, ParamsSlot, RunFailed, StopSignals, Supervisor
 
 
@@ -165,9 +165,7 @@ class Run:
         n = flags.local_num_envs
         seed = pool_seed(flags.seed, global_index, begin, setup.num_envs_total, n)
         envs = make_envs(flags.env_id, n, setup.async_batch_size, seed, setup.num_env_threads, flags.episodic_life)
-        obs_space = spec.observation_space
-        assembler = RolloutAssembler(n, num_steps, obs_space.shape,
-                                     np.float32 if obs_space.dtype == np.float64 else obs_space.dtype,
+        assembler = RolloutAssembler(n, num_steps, *obs_storage(spec.observation_space),
                                      clip_rewards=is_atari(flags.env_id), episodic_life=flags.episodic_life,
                                      first_rollout=begin, action_shape=spec.action_space.shape, gamma=gamma,
                                      action_dtype=np.float32 if continuous else np.int32)
