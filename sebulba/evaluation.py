@@ -77,6 +77,8 @@ def run_evaluator(evaluator: Evaluator, params_slot: ParamsSlot, results: queue.
         while (wanted := (version // interval + 1) * interval) < num_updates:
             # No deadline: stalls are the actors' and the learner's to detect; `stop` ends the wait.
             version, params = params_slot.wait(wanted, stop, float("inf"), "evaluator")
+            if version >= num_updates:  # woke after the last update: the final evaluation covers these params
+                return
             try:
                 metrics = evaluator(params[device], stop) | {"eval/params_version": float(version)}
             except Stopped:

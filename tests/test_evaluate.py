@@ -20,6 +20,7 @@ from sebulba import evaluation
 from sebulba.checkpoints import Checkpointer
 from sebulba.devices import Placement
 from sebulba.evaluation import EVAL_SEED_OFFSET
+from sebulba.threads import ParamsSlot
 
 pytestmark = pytest.mark.slow
 
@@ -150,6 +151,14 @@ def test_an_evaluation_that_ends_after_the_last_update_is_still_logged(monkeypat
         return result
 
     monkeypatch.setattr(evaluation.Evaluator, "__call__", slow)
+    publish = ParamsSlot.publish
+
+    def publish_and_let_the_evaluator_wake(self, version, params):  # a busy machine must not let 7 and 8 overtake it
+        publish(self, version, params)
+        if version == 6:
+            time.sleep(1)
+
+    monkeypatch.setattr(ParamsSlot, "publish", publish_and_let_the_evaluator_wake)
     run = train(ppo, "late", 8 * 32 * 8, "--eval-interval", "6", "--eval-episodes", "2")
     out = capsys.readouterr().out
     assert "eval at update 6 (sampled actions): return" in out and "finished after the last update" in out
