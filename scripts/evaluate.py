@@ -3,8 +3,9 @@
     python scripts/evaluate.py runs/CartPole-v1__ppo_envpool__1__1733000000
     python scripts/evaluate.py RUN_DIR --episodes 32 --greedy --seed 7 --json
 
-Works for runs of sebulba/ppo_envpool.py and sebulba/impala_envpool.py (told apart by their
-saved flags). Loads RUN_DIR/config.json and the newest checkpoint (or --checkpoint N),
+Works for runs of sebulba/ppo_envpool.py, sebulba/impala_envpool.py and
+sebulba/ppo_lstm_envpool.py (told apart by their saved flags; an LSTM agent's state starts
+from zeros in each env). Loads RUN_DIR/config.json and the newest checkpoint (or --checkpoint N),
 rebuilds the network, and runs one episode in each of N envs of a fresh pool with the
 training protocol's env settings (Atari: Machado et al. 2018, sticky actions; with no
 life-loss episodes, so an episode is a whole game whatever --episodic-life was in training).
@@ -59,7 +60,9 @@ def load(run_dir: Path, checkpoint: int | None):
     if not config.exists():
         raise SystemExit(f"{run_dir} has no config.json: give a run directory written by a sebulba script")
     saved = json.loads(config.read_text())["args"]
-    module = importlib.import_module("sebulba.impala_envpool" if "rho_clip" in saved else "sebulba.ppo_envpool")
+    # The script that wrote the run, told apart by the flags only it has.
+    module = importlib.import_module("sebulba.impala_envpool" if "rho_clip" in saved else
+                                     "sebulba.ppo_lstm_envpool" if "lstm_size" in saved else "sebulba.ppo_envpool")
     args = module.Args(**{k: v for k, v in saved.items() if k in {f.name for f in dataclasses.fields(module.Args)}})
     if not (run_dir / "checkpoints").exists():
         raise SystemExit(f"{run_dir}/checkpoints does not exist: the run saved no checkpoint yet")

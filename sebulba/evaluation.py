@@ -20,22 +20,28 @@ EVAL_SEED_OFFSET = 1_000_003  # evaluation pools: an env seed range of their own
 
 def run_episodes(envs, policy, params, key, stop=None, record=None):
     """One episode in each env of a synchronous pool (batch = all envs), with `policy` from
-    make_policy_fn. Returns (raw returns [N] float64, lengths [N] int64 in env steps, key), in
-    env-id order. `record(running)` is called after the reset and after every step (video);
-    `stop` is checked every step.
+    make_policy_fn (a recurrent one starts every env's state at zeros). Returns (raw returns
+    [N] float64, lengths [N] int64 in env steps, key), in env-id order. `record(running)` is
+    called after the reset and after every step (video); `stop` is checked every step.
 
     Raises:
       Stopped: `stop` was set.
     """
     num_envs = envs.config["num_envs"]
     returns, lengths, running = np.zeros(num_envs), np.zeros(num_envs, np.int64), np.ones(num_envs, bool)
+    recurrent = getattr(policy, "recurrent", False)  # a RecurrentPolicy: every env's state from zeros
+    state, starts = (policy.zero_state(num_envs), np.ones(num_envs, bool)) if recurrent else (None, None)
     obs, _ = envs.reset()
     if record:
         record(running)
     while running.any():
         if stop is not None and stop.is_set():
             raise Stopped
-        action, env_action, _, _, key = policy(params, obs, key)
+        if recurrent:  # one episode per env: no reset after the first step
+            action, env_action, _, _, _, state, key = policy(params, obs, state, starts, key)
+            starts = np.zeros(num_envs, bool)
+        else:
+            action, env_action, _, _, key = policy(params, obs, key)
         obs, reward, terminated, truncated, _ = envs.step(np.asarray(action if env_action is None else env_action))
         returns += np.where(running, reward, 0.0)
         lengths += running

@@ -149,6 +149,41 @@ def sample_action(policy, key, greedy: bool = False):
     return (jnp.argmax(policy, axis=-1) if greedy else jax.random.categorical(key, policy)).astype(jnp.int32)
 
 
+class RecurrentPolicy:
+    """The policy of a recurrent agent (one with `lstm_size`), called as
+    policy((params, obs_moments), obs [B, *obs], state [B, 2, lstm_size] float32, starts [B] bool, key)
+    -> (action, env action, logprob [B], value [B], state in [B, 2, H], state out [B, 2, H], key).
+
+    `state` is each row's LSTM (cell, hidden) state before this step; rows with `starts` (the
+    first observation of an episode) begin from zeros instead. State in is the state the
+    step used (after that reset), state out the one after it. `zero_state(n)` gives n rows of
+    zeros; evaluation and actors keep one row per env."""
+
+    recurrent = True
+
+    def __init__(self, agent: nn.Module, action_space=None, greedy: bool = False):
+        bounds = (action_space.low, action_space.high) if agent.continuous else None
+        self.lstm_size = agent.lstm_size
+
+        @jax.jit
+        def policy(params, obs, state, starts, key):
+            params, obs_moments = params
+            state = jnp.where(starts[:, None, None], 0.0, state)
+            dist, value, new_state = agent.apply(params, obs, state, obs_moments)
+            key, sample_key = jax.random.split(key)
+            action = sample_action(dist, sample_key, greedy)
+            env_action = None if bounds is None else jnp.clip(action, *bounds)
+            return action, env_action, log_prob(dist, action), value, state, new_state, key
+
+        self.policy = policy
+
+    def __call__(self, params, obs, state, starts, key):
+        return self.policy(params, obs, state, starts, key)
+
+    def zero_state(self, n: int) -> np.ndarray:
+        return np.zeros((n, 2, self.lstm_size), np.float32)
+
+
 def make_policy_fn(agent: nn.Module, action_space=None, greedy: bool = False):
     """jit((params, obs_moments), obs [B, *obs], key) -> (action, env action, logprob [B], value [B], key)
     for a flax `agent` whose apply(params, obs, obs_moments) returns (policy, value [B]) and
@@ -157,7 +192,10 @@ def make_policy_fn(agent: nn.Module, action_space=None, greedy: bool = False):
     The action is what the behaviour policy sampled ([B] int32, or [B, A] float32); the env
     action is the same clipped to a Box `action_space`'s bounds, what `send` gets (None for
     discrete actions: send the action; no second copy to the host). `greedy` takes the
-    policy's mode instead of sampling (evaluation)."""
+    policy's mode instead of sampling (evaluation). A recurrent agent (one with `lstm_size`,
+    sebulba/ppo_lstm_envpool.py's) gets a `RecurrentPolicy` instead."""
+    if getattr(agent, "lstm_size", 0):
+        return RecurrentPolicy(agent, action_space, greedy)
     bounds = (action_space.low, action_space.high) if agent.continuous else None
 
     @jax.jit

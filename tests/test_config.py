@@ -14,6 +14,7 @@ import pytest
 import wandb
 
 from sebulba import impala_envpool as impala
+from sebulba import ppo_lstm_envpool as ppo_lstm
 from sebulba import ppo_envpool as ppo
 from sebulba.config import ConfigError, RunFlags, resolve_run
 
@@ -107,7 +108,8 @@ def run_cli(script, *flags):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("script, module", [("ppo_envpool.py", ppo), ("impala_envpool.py", impala)])
+@pytest.mark.parametrize("script, module", [("ppo_envpool.py", ppo), ("impala_envpool.py", impala),
+                                            ("ppo_lstm_envpool.py", ppo_lstm)])
 def test_cli_help_lists_every_flag_with_its_help_line(script, module):
     out = run_cli(script, "--help")
     assert out.returncode == 0
@@ -118,7 +120,8 @@ def test_cli_help_lists_every_flag_with_its_help_line(script, module):
     # Every field's docstring is one line, and it is the flag's help, whole and unbroken: with the
     # terminal 400 columns wide no help wraps, so a flag's entry spans at most two lines (the
     # second when the flag's name is too long to share one with its help).
-    source = "\n".join(Path(f).read_text() for f in (SCRIPTS / script, SCRIPTS / "config.py"))
+    # The script first (its redeclared fields win), then what its Args builds on.
+    source = "\n".join(Path(f).read_text() for f in (SCRIPTS / script, SCRIPTS / "ppo_envpool.py", SCRIPTS / "config.py"))
     for name in docs:
         help_line = re.search(rf"\n    {name}: [^\n]*\n    \"\"\"([^\n]*)\"\"\"\n", source).group(1)
         assert " ".join(help_line.split()) in text, (name, help_line)

@@ -18,13 +18,14 @@ import tyro
 
 import sebulba.impala_envpool as impala
 import sebulba.ppo_envpool as ppo
+import sebulba.ppo_lstm_envpool as ppo_lstm
 from sebulba.config import Cluster
 from sebulba.envs import is_atari
 from sebulba.runtime import layout_line
 
 ROOT = Path(__file__).resolve().parents[1]
 PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
-SCRIPTS = {"sebulba/ppo_envpool.py": ppo, "sebulba/impala_envpool.py": impala}
+SCRIPTS = {"sebulba/ppo_envpool.py": ppo, "sebulba/impala_envpool.py": impala, "sebulba/ppo_lstm_envpool.py": ppo_lstm}
 PLACEHOLDERS = ("...", "…", "RUN_DIR", "<")
 
 
@@ -69,7 +70,7 @@ COMMANDS = sorted(set(documented_commands()))
 
 def test_the_pages_document_the_commands_this_test_knows():
     pages = {page for page, _ in COMMANDS}
-    assert {"README.md", "distributed.md", "ppo_envpool.md", "impala_envpool.md"} <= pages
+    assert {"README.md", "distributed.md", "ppo_envpool.md", "impala_envpool.md", "ppo_lstm_envpool.md"} <= pages
     assert "two_processes" in quoted_layout_lines()
 
 
