@@ -324,9 +324,10 @@ def run_actor(envs, policy, device: jax.Device, key, params_slot: ParamsSlot, ro
 
 
 def make_train_state(args: Args, setup: Setup, params, placement: Placement):
-    """The learner's LearnerState (fresh statistics; RMSProp as in IMPALA's code, decay 0.99 and eps 0.01, or
-    Adam; after global-norm clipping of the summed loss's gradient) replicated over the learner mesh, and its learning-rate schedule
-    (linear to 0 over the updates with --anneal-lr)."""
+    """The learner's LearnerState (fresh statistics; RMSProp as in IMPALA's code, decay 0.99 and
+    eps 0.01, or Adam; after global-norm clipping of the summed loss's gradient) replicated
+    over the learner mesh, and its learning-rate schedule (linear to 0 over the updates with
+    --anneal-lr)."""
     lr_schedule = optax.linear_schedule(args.learning_rate, 0.0 if args.anneal_lr else args.learning_rate,
                                         setup.num_updates)
     # TF1's RMSProp, which the paper's code used: eps inside the square root, accumulators start at 1.
@@ -350,9 +351,9 @@ def make_update_fn(args: Args, agent: Agent, mesh: Mesh):
     the rollout's observations enter them after the step (actors receive them with the params). One compiled
     `jit(shard_map(...))` program and one gradient step per batch: each device computes
     V-trace and the loss (a sum) on its env slice, gradients are `lax.psum`'d over
-    "learner", so the step is that of the loss summed over the batch. V-trace's backward `lax.scan` runs on stop-gradient values, so no conv-net
-    gradient sits inside a loop (the XLA:CPU slowdown of docs/performance.md does not
-    apply). `key` is unused (no shuffling); it keeps the signature shared with PPO's.
+    "learner", so the step is that of the loss summed over the batch. V-trace's backward
+    `lax.scan` runs on stop-gradient values, so no conv-net gradient sits inside a loop (the
+    XLA:CPU slowdown of docs/performance.md does not apply). `key` is unused (no shuffling); it keeps the signature shared with PPO's.
     """
     norm_obs, norm_reward = normalization(args.env_id, args.norm_obs, args.norm_reward)
     refresh_normalizers = make_normalizer_update(norm_obs, norm_reward, mesh)
