@@ -9,7 +9,8 @@ Each task is a command of a script, run once per seed in a fresh process (benchm
 (env steps, mean raw return of the last 20 finished training games), the end-of-run return by
 CleanRL's protocol (the mean episodic return of the training games at the end: the script's
 `episodic_return_mean` in summary.json), the final evaluation (`final_eval`, sampled actions,
---eval-episodes games on a separate pool), and the wall clock. The report puts "ours vs
+10 games on a separate pool, 100 on MiniGrid, with its success rate: games with a positive
+return), and the wall clock. The report puts "ours vs
 reference" in RESULTS.md, one PNG per task (mean ± std over seeds against env steps, the
 reference dashed). Writes benchmark/results/learning.json (or under --out).
 """
@@ -32,6 +33,12 @@ PPO_CARTPOLE_CLEANRL = ["--env-id", "CartPole-v1", "--total-timesteps", "500000"
                         "--num-minibatches", "4", "--update-epochs", "4", "--learning-rate", "2.5e-4",
                         "--clip-coef", "0.2", "--ent-coef", "0.01", "--max-policy-lag", "0"]
 
+# MiniGrid-MemoryS7-v0 (the agent must recall an object seen at the start): the LSTM preset of
+# docs/ppo_lstm_envpool.md, and the feed-forward script with the same flags, which can only guess.
+MEMORY_S7 = ["--env-id", "MiniGrid-MemoryS7-v0", "--total-timesteps", "2000000", "--local-num-envs", "16",
+             "--num-steps", "64", "--num-actor-threads", "1", "--hiddens", "128", "--num-minibatches", "4",
+             "--update-epochs", "4", "--learning-rate", "5e-4", "--ent-coef", "0.01", "--clip-coef", "0.2"]
+
 # name: (script, flags, seeds, reference (mean, std, source) or None, target (description, test on the seed means))
 TASKS = {
     "HalfCheetah-v4/PPO/1M": ("ppo_envpool.py", ["--env-id", "HalfCheetah-v4", *PPO_MUJOCO], 3,
@@ -44,7 +51,11 @@ TASKS = {
     "CartPole-v1/PPO/100k": ("ppo_envpool.py", PPO_CARTPOLE, 5, None, "every seed ends ≥ 475, final eval too"),
     "CartPole-v1/IMPALA": ("impala_envpool.py", IMPALA_CARTPOLE, 5, None,
                            "every seed reaches ≥ 475 and the last-20 mean stays ≥ 450 after"),
+    "MiniGrid-MemoryS7-v0/PPO-LSTM/2M": ("ppo_lstm_envpool.py", [*MEMORY_S7, "--lstm-size", "128"], 3, None,
+                                         "every seed's final success rate ≥ 0.9"),
+    "MiniGrid-MemoryS7-v0/PPO/2M": ("ppo_envpool.py", MEMORY_S7, 3, None, "final success rate near guessing (≤ 0.7)"),
 }
+EVAL_EPISODES = {"MiniGrid-MemoryS7-v0/PPO-LSTM/2M": 100, "MiniGrid-MemoryS7-v0/PPO/2M": 100}  # others: 10
 QUICK_STEPS = {"HalfCheetah-v4/PPO/1M": 8192, "CartPole-v1/PPO/100k": 10240}  # --quick: these two, one seed
 
 
@@ -64,6 +75,10 @@ def met(target: str, runs: list[dict], reference) -> bool | None:
         return statistics.fmean(ends) >= 480
     if target.startswith("every seed ends ≥ 475"):
         return min(ends) >= 475 and all((r["final_eval"] or 0) >= 475 for r in runs)
+    if target.startswith("every seed's final success rate ≥ 0.9"):
+        return all((r.get("final_success") or 0) >= 0.9 for r in runs)
+    if target.startswith("final success rate near guessing"):
+        return all(r.get("final_success") is not None and r["final_success"] <= 0.7 for r in runs)
     if target.startswith("every seed reaches ≥ 475"):
         for r in runs:
             returns = [ret for _, ret in r["curve"] if ret is not None]
@@ -83,14 +98,16 @@ def run(quick: bool, only: list[str] | None) -> dict:
             flags, seeds = with_budget(flags, QUICK_STEPS[name]), 1
         runs = []
         for seed in range(1, seeds + 1):
-            result = run_script(script, [*flags, "--seed", str(seed)], timeout=7200, eval_episodes=10)
+            result = run_script(script, [*flags, "--seed", str(seed)], timeout=7200,
+                                eval_episodes=EVAL_EPISODES.get(name, 10))
             summary = result["summary"]
             runs.append({"seed": seed, "wall_s": result["wall_s"], "end_return": summary.get("episodic_return_mean"),
                          "final_eval": (summary.get("final_eval") or {}).get("episodic_return_mean"),
                          "final_eval_std": (summary.get("final_eval") or {}).get("episodic_return_std"),
+                         "final_success": (summary.get("final_eval") or {}).get("success_rate"),
                          "curve": [(step, ret if ret is None else round(ret, 1)) for _, step, _, ret in result["lines"]]})
             print(f"{name} seed {seed}: end return {runs[-1]['end_return']}, final eval {runs[-1]['final_eval']} "
-                  f"({result['wall_s']:.0f} s)", flush=True)
+                  f"(success {runs[-1]['final_success']}; {result['wall_s']:.0f} s)", flush=True)
         results[name] = {"script": script, "flags": flags, "reference": reference, "target": target, "runs": runs,
                          "met": met(target, runs, reference), "commit": machine()["commit"]}  # --only merges tasks
     return results

@@ -110,6 +110,7 @@ def evaluate(module, args, agent, spec, params, episodes: int, seed: int, greedy
     envs.close()
     result = {"episodes": episodes, "return_mean": float(returns.mean()), "return_std": float(returns.std()),
               "length_mean": float(lengths.mean()), "length_std": float(lengths.std()),
+              "success_rate": float(np.mean(returns > 0)),  # MiniGrid's success: a positive return
               "returns": returns.tolist(), "lengths": lengths.tolist()}
     if video is not None:
         write_video(video, [f for episode in frames for f in episode], fps=15 if is_atari(args.env_id) else 50)
@@ -169,7 +170,7 @@ def main(argv: list[str] | None = None) -> dict:
     else:
         print(f"{args.env_id}, checkpoint {update}, {result['policy']} actions, {cli.episodes} episodes: return "
               f"{result['return_mean']:.1f} ± {result['return_std']:.1f}, length {result['length_mean']:.1f} ± "
-              f"{result['length_std']:.1f} env steps")
+              f"{result['length_std']:.1f} env steps, success rate {result['success_rate']:.2f}")
         if cli.video is not None:
             print(f"video: {cli.video} ({result['video_frames']} frames)")
     return result

@@ -55,7 +55,8 @@ class Evaluator:
     """`episodes` whole episodes (Atari: whole games, no life-loss episodes) with the training
     protocol's env settings on a pool of its own (one EnvPool thread), one per env, actions
     sampled from the policy (its mode with `greedy`, --eval-greedy). Returns eval/* metrics: raw
-    episodic return mean and std, mean length in env steps, seconds taken. `close()` closes
+    episodic return mean and std, mean length in env steps, the share of episodes with a
+    positive return (MiniGrid's success: the goal reached), seconds taken. `close()` closes
     the pool."""
 
     def __init__(self, env_id: str, episodes: int, agent, action_space, greedy: bool, seed: int):
@@ -67,7 +68,8 @@ class Evaluator:
         start = time.perf_counter()
         returns, lengths, self.key = run_episodes(self.envs, self.policy, params, self.key, stop)
         return {"eval/episodic_return_mean": float(returns.mean()), "eval/episodic_return_std": float(returns.std()),
-                "eval/episodic_length_mean": float(lengths.mean()), "eval/time_s": time.perf_counter() - start}
+                "eval/episodic_length_mean": float(lengths.mean()), "eval/success_rate": float(np.mean(returns > 0)),
+                "eval/time_s": time.perf_counter() - start}
 
     def close(self):
         self.envs.close()

@@ -81,6 +81,11 @@ def test_learning_targets_and_report(tmp_path):
                             None)
     assert learning.met("every seed reaches ≥ 475 and the last-20 mean stays ≥ 450 after", [run(500.0)], None)
     assert not learning.met("mean ≥ 480", [run(None)], None)  # a run without a finished game fails
+    memory = lambda success: {**run(0.9), "final_success": success}  # noqa: E731
+    assert learning.met("every seed's final success rate ≥ 0.9", [memory(0.97), memory(0.9)], None)
+    assert not learning.met("every seed's final success rate ≥ 0.9", [memory(0.97), memory(0.89)], None)
+    assert learning.met("final success rate near guessing (≤ 0.7)", [memory(0.52), memory(0.61)], None)
+    assert not learning.met("final success rate near guessing (≤ 0.7)", [memory(0.52), memory(0.95)], None)
     machine = {"cpu": "test cpu", "cores": 2, "memory_gib": 1.0, "gpus": [], "python": "3.11", "versions": {},
                "date": "2026-12-01"}
     (tmp_path / "learning.json").write_text(json.dumps({"machine": machine, "quick": False, "results": {
