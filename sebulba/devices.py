@@ -122,9 +122,9 @@ class Placement:
 
     def to_learners(self, rollouts: list[NamedTuple]) -> NamedTuple:
         """Concatenate this process's per-thread host rollouts [T+1, N] (a `Rollout`, or any
-        pytree of [T+1, N, ...] arrays: dictionary observations too) into its [T+1, K*N] part of the global batch
-        [T+1, processes*K*N], ordered so each local learner device's contiguous env slice
-        holds an equal part of every thread's envs."""
+        pytree of [T+1, N, ...] arrays: dictionary observations too) into its [T+1, K*N] part
+        of the global batch [T+1, processes*K*N], ordered so each local learner device's
+        contiguous env slice holds an equal part of every thread's envs."""
         num_learners = self.num_local_learners
 
         def interleave(*xs):  # K x [T+1, N, ...] -> [T+1, K*N, ...] in one copy (frames are most of the bytes)

@@ -69,8 +69,9 @@ def check_env_ids(env_id, batch_size: int):
 
 
 def recv_batch(envs, batch_size: int, sort: bool = False):
-    """One `recv`, checked: (env_id [B] int32, obs [B, *obs] or a dict of such, reward [B] raw, terminated [B],
-    truncated [B], lives [B] or None). With `sort` (--deterministic) the rows are in env-id order.
+    """One `recv`, checked: (env_id [B] int32, obs [B, *obs] or a dict of such, reward [B] raw,
+    terminated [B], truncated [B], lives [B] or None). With `sort` (--deterministic) the rows
+    are in env-id order.
 
     Raises:
       RuntimeError: see `check_env_ids`.
