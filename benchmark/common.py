@@ -121,32 +121,25 @@ def spread(values: list[float]) -> dict:
     return {"median": statistics.median(values), "min": min(values), "max": max(values), "n": len(values)}
 
 
-class CpuSampler:
-    """Per-core CPU utilisation of the whole machine (percent, 0-100 per core), sampled every
-    `period` seconds in a background thread while the `with` block runs; with `watch` set to
-    a psutil.Process, also the peak resident memory (bytes) of that process and its children."""
+class PeriodicSampler:
+    """Calls `sample()` every `period` seconds in a background thread while the `with` block
+    runs (after `begin()` once, in that thread)."""
 
     def __init__(self, period: float = 0.5):
         self.period = period
-        self.samples: list[tuple[float, list[float]]] = []  # (seconds since start, per-core %)
-        self.watch: psutil.Process | None = None
-        self.peak_rss = 0
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True)
 
-    def _rss(self) -> int:
-        try:
-            return sum(p.memory_info().rss for p in [self.watch, *self.watch.children(recursive=True)])
-        except psutil.Error:  # the process is gone
-            return 0
+    def begin(self):
+        pass
+
+    def sample(self):
+        raise NotImplementedError
 
     def _run(self):
-        psutil.cpu_percent(percpu=True)  # the first call only starts the interval
-        start = time.perf_counter()
+        self.begin()
         while not self._stop.wait(self.period):
-            self.samples.append((time.perf_counter() - start, psutil.cpu_percent(percpu=True)))
-            if self.watch is not None:
-                self.peak_rss = max(self.peak_rss, self._rss())
+            self.sample()
 
     def __enter__(self):
         self._thread.start()
@@ -155,6 +148,33 @@ class CpuSampler:
     def __exit__(self, *exc):
         self._stop.set()
         self._thread.join()
+
+
+class CpuSampler(PeriodicSampler):
+    """Per-core CPU utilisation of the whole machine (percent, 0-100 per core), sampled every
+    `period` seconds in a background thread while the `with` block runs; with `watch` set to
+    a psutil.Process, also the peak resident memory (bytes) of that process and its children."""
+
+    def __init__(self, period: float = 0.5):
+        super().__init__(period)
+        self.samples: list[tuple[float, list[float]]] = []  # (seconds since start, per-core %)
+        self.watch: psutil.Process | None = None
+        self.peak_rss = 0
+
+    def _rss(self) -> int:
+        try:
+            return sum(p.memory_info().rss for p in [self.watch, *self.watch.children(recursive=True)])
+        except psutil.Error:  # the process is gone
+            return 0
+
+    def begin(self):
+        psutil.cpu_percent(percpu=True)  # the first call only starts the interval
+        self.start = time.perf_counter()
+
+    def sample(self):
+        self.samples.append((time.perf_counter() - self.start, psutil.cpu_percent(percpu=True)))
+        if self.watch is not None:
+            self.peak_rss = max(self.peak_rss, self._rss())
 
     def per_core_mean(self, since: float = 0.0) -> list[float]:
         """Mean utilisation of each core over the samples taken `since` seconds after the start or later."""

@@ -29,11 +29,10 @@ from __future__ import annotations
 import shutil
 import subprocess
 import sys
-import threading
 import time
 
-from common import PPO_CARTPOLE_THROUGHPUT, RESULTS, ROOT, cli_parser, flag_value, impala_flags, run_script, save, \
-    spread, steady_rates
+from common import (PPO_CARTPOLE_THROUGHPUT, RESULTS, ROOT, PeriodicSampler, cli_parser, flag_value, impala_flags,
+                    run_script, save, spread, steady_rates)
 
 ON_GPU0 = ["--actor-device-ids", "0", "--learner-device-ids", "0"]
 # name: (script, flags without the budget, env steps per update, updates, repeats)
@@ -47,28 +46,18 @@ RATES = ("charts/actor_sps", "charts/learner_sps")
 REPEATS_UNTIL_S = 330  # a repeat starts only before this many seconds, so the check ends within about 8 minutes
 
 
-class GpuMemorySampler:
+class GpuMemorySampler(PeriodicSampler):
     """The most memory (MiB) `nvidia-smi` reports in use on GPU 0, polled every `period` s while the block runs."""
 
     def __init__(self, period: float = 0.5):
-        self.period, self.peak_mib = period, 0
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, daemon=True)
+        super().__init__(period)
+        self.peak_mib = 0
 
-    def _run(self):
-        while not self._stop.wait(self.period):
-            out = subprocess.run(["nvidia-smi", "--query-gpu=memory.used", "--format=csv,noheader,nounits", "-i", "0"],
-                                 capture_output=True, text=True, check=False).stdout.strip()
-            if out.isdigit():
-                self.peak_mib = max(self.peak_mib, int(out))
-
-    def __enter__(self):
-        self._thread.start()
-        return self
-
-    def __exit__(self, *exc):
-        self._stop.set()
-        self._thread.join()
+    def sample(self):
+        out = subprocess.run(["nvidia-smi", "--query-gpu=memory.used", "--format=csv,noheader,nounits", "-i", "0"],
+                             capture_output=True, text=True, check=False).stdout.strip()
+        if out.isdigit():
+            self.peak_mib = max(self.peak_mib, int(out))
 
 
 def refusal() -> str | None:
