@@ -34,7 +34,8 @@ PPO_CARTPOLE_CLEANRL = ["--env-id", "CartPole-v1", "--total-timesteps", "500000"
                         "--clip-coef", "0.2", "--ent-coef", "0.01", "--max-policy-lag", "0"]
 
 # MiniGrid-MemoryS7-v0 (the agent must recall an object seen at the start): the LSTM preset of
-# docs/ppo_lstm_envpool.md, and the feed-forward script with the same flags, which can only guess.
+# docs/ppo_lstm_envpool.md at half its 4M budget, and the feed-forward script with the same flags,
+# which can only guess.
 MEMORY_S7 = ["--env-id", "MiniGrid-MemoryS7-v0", "--total-timesteps", "2000000", "--local-num-envs", "16",
              "--num-steps", "64", "--num-actor-threads", "1", "--hiddens", "128", "--num-minibatches", "4",
              "--update-epochs", "4", "--learning-rate", "5e-4", "--ent-coef", "0.01", "--clip-coef", "0.2"]
