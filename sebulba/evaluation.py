@@ -39,7 +39,7 @@ def run_episodes(envs, policy, params, key, stop=None, record=None):
             raise Stopped
         if recurrent:  # one episode per env: no reset after the first step
             action, env_action, _, _, _, state, key = policy(params, obs, state, starts, key)
-            starts = np.zeros(num_envs, bool)
+            starts[:] = False
         else:
             action, env_action, _, _, key = policy(params, obs, key)
         obs, reward, terminated, truncated, _ = envs.step(np.asarray(action if env_action is None else env_action))

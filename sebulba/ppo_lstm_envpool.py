@@ -229,9 +229,11 @@ def run_actor(envs, policy: RecurrentPolicy, device: jax.Device, key, params_slo
             states[env_id] = np.asarray(states_out)
             sent = action if env_action is None else np.asarray(env_action)
         first_rows = (assembler.row[env_id] == 0) | (assembler.row[env_id] == assembler.num_steps)
-        for g in np.unique(assembler.action_generation(env_id)[first_rows]):  # row T of g - 1 is row 0 of g
-            sel = first_rows & (assembler.action_generation(env_id) == g)
-            initial.setdefault(int(g), np.zeros_like(states))[env_id[sel]] = used[sel]
+        if first_rows.any():  # row T of rollout g - 1 is row 0 of g
+            generations = assembler.action_generation(env_id)
+            for g in np.unique(generations[first_rows]):
+                sel = first_rows & (generations == g)
+                initial.setdefault(int(g), np.zeros_like(states))[env_id[sel]] = used[sel]
         late, wanted = assembler.late_first_rows(env_id, args.max_policy_lag, version)
         if not late.any():
             with timer("env_send_time_s"):
