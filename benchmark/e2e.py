@@ -1,7 +1,8 @@
 """End-to-end throughput of sebulba/ppo_envpool.py, asynchronous vs synchronous.
 
-    python benchmark/e2e.py            # every layout and sweep, 3 repetitions (~25 min on 2 cores)
-    python benchmark/e2e.py --quick    # PPO, CartPole-v1, a0-l0, 1 repetition (~35 s)
+    python benchmark/e2e.py              # every layout and sweep, 3 repetitions (~35 min on 2 cores)
+    python benchmark/e2e.py --quick      # PPO, CartPole-v1, a0-l0, 1 repetition (~35 s)
+    python benchmark/e2e.py --recurrent  # only the PPO-LSTM rows and the PPO rows beside them (~15 min)
 
 Every run is the real script in a fresh process (`python sebulba/ppo_envpool.py ...
 --log-frequency 1`) for the configurations of common.TASKS, on each device layout (a0-l0,
@@ -17,8 +18,13 @@ policy-lag bound is the only difference; smaller batches are a separate sweep.
 
 Plus, on each task's main layout, `--deterministic` and sebulba/impala_envpool.py with the
 same actors and batch (async and sync; one V-trace step per batch instead of PPO's 4 x 4
-minibatches), and on CartPole a0-l1 sweeps of actor threads per device and of the `recv`
+minibatches), sebulba/ppo_lstm_envpool.py with the same flags (PPO-LSTM: its 128-unit LSTM
+between the encoder and the heads, minibatches of whole env sequences; async, and sync on
+CartPole), and on CartPole a0-l1 sweeps of actor threads per device and of the `recv`
 batch (a quarter and a half of the pool; half is the script's default).
+`--recurrent` re-measures only the PPO-LSTM rows and the PPO rows of the same task, layout and
+mode (so the two are compared in one sitting) and merges them into the existing e2e.json; every
+row records the commit it ran on.
 Per run: steady env steps/s and learner updates/s (between the console lines of update 1
 and the last: compilation excluded), time to the first update (launch, imports and
 compilation included), CPU-seconds per env step, peak resident memory of the run (MiB),
@@ -28,7 +34,11 @@ and the machine's CPU utilisation every 0.5 s. Atari: env steps; frames = 4x. Wr
 from __future__ import annotations
 
 
-from common import TASKS, cli_parser, flag_value, impala_flags, run_script, save, spread, steady_rates
+import json
+
+from common import TASKS, cli_parser, flag_value, impala_flags, machine, run_script, save, spread, steady_rates
+
+SCRIPTS = {"PPO": "ppo_envpool.py", "IMPALA": "impala_envpool.py", "PPO-LSTM": "ppo_lstm_envpool.py"}
 
 
 def one_run(script: str, flags: list[str]) -> dict:
@@ -55,12 +65,15 @@ def configuration(task: str, layout: str, mode: str, recv_batch: int | None = No
         flags += ["--max-policy-lag", "0"]
     elif mode == "deterministic":
         flags += ["--deterministic"]
-    return {"task": task, "algo": algo, "script": "ppo_envpool.py" if algo == "PPO" else "impala_envpool.py",
-            "layout": layout, "mode": mode, "threads": threads, "sweep": sweep,
-            "name": f"{algo} {task} {layout} {mode}{sweep}", "flags": flags if algo == "PPO" else impala_flags(flags)}
+    return {"task": task, "algo": algo, "script": SCRIPTS[algo], "layout": layout, "mode": mode, "threads": threads,
+            "sweep": sweep, "name": f"{algo} {task} {layout} {mode}{sweep}",
+            "flags": impala_flags(flags) if algo == "IMPALA" else flags}
 
 
-def configurations(quick: bool) -> list[dict]:
+def configurations(quick: bool, recurrent: bool = False) -> list[dict]:
+    if recurrent:  # the PPO-LSTM rows and the PPO rows they are compared with
+        lstm = [c for c in configurations(False) if c["algo"] == "PPO-LSTM"]
+        return [configuration(c["task"], c["layout"], c["mode"]) for c in lstm] + lstm
     configs = []
     for task, spec in TASKS.items():
         if quick and not spec["quick"]:
@@ -70,9 +83,10 @@ def configurations(quick: bool) -> list[dict]:
         if quick:
             continue
         main = spec["main_layout"]
-        configs.append(configuration(task, main, "async", algo="IMPALA"))
+        configs += [configuration(task, main, "async", algo="IMPALA"), configuration(task, main, "async", algo="PPO-LSTM")]
         if task == "CartPole-v1":  # Breakout is learner-bound: these would only repeat its minute-long runs
-            configs += [configuration(task, main, "sync", algo="IMPALA"), configuration(task, main, "deterministic"),
+            configs += [configuration(task, main, "sync", algo="IMPALA"), configuration(task, main, "sync", algo="PPO-LSTM"),
+                        configuration(task, main, "deterministic"),
                         configuration(task, "a0-l1", "async", threads=2, sweep=", 2 actor threads"),
                         configuration(task, "a0-l1", "sync", threads=2, sweep=", 2 actor threads")]
             n = int(flag_value(spec["flags"], "--local-num-envs"))
@@ -81,8 +95,9 @@ def configurations(quick: bool) -> list[dict]:
     return configs
 
 
-def run(quick: bool, reps: int) -> list[dict]:
-    configs = configurations(quick)
+def run(quick: bool, reps: int, recurrent: bool = False) -> list[dict]:
+    configs = configurations(quick, recurrent)
+    commit = machine()["commit"]
     runs = {c["name"]: [] for c in configs}
     for rep in range(reps):  # interleaved, so drift in machine load hits every configuration alike
         for c in configs:
@@ -96,13 +111,28 @@ def run(quick: bool, reps: int) -> list[dict]:
         rows.append({**c, **{k: spread([r[k] for r in rs]) for k in ("sps", "updates_per_s", "time_to_first_update_s",
                                                                      "cpu_s_per_step", "peak_rss_mib")},
                      "cpu_per_core": [spread(list(x))["median"] for x in zip(*(r["cpu_per_core"] for r in rs))],
-                     "cpu_series": rs[0]["cpu_series"], "sps_runs": [r["sps"] for r in rs]})
+                     "cpu_series": rs[0]["cpu_series"], "sps_runs": [r["sps"] for r in rs], "commit": commit})
     return rows
+
+
+def merge(previous: dict, rows: list[dict]) -> list[dict]:
+    """The previous run's rows with `rows` in place of those of the same name (new names appended)."""
+    new = {r["name"]: r for r in rows}
+    kept = [new.pop(r["name"], None) or {"commit": previous["machine"].get("commit"), **r} for r in previous["rows"]]
+    return kept + list(new.values())
 
 
 if __name__ == "__main__":
     parser = cli_parser(__doc__, "e2e", "PPO, CartPole-v1, a0-l0, async and sync, 1 repetition")
     parser.add_argument("--reps", type=int, default=3, help="runs per configuration (median reported)")
+    parser.add_argument("--recurrent", action="store_true",
+                        help="only the PPO-LSTM rows and the PPO rows beside them, merged into the existing e2e.json")
     cli = parser.parse_args()
     reps = 1 if cli.quick else cli.reps
-    print("written:", save("e2e", {"quick": cli.quick, "reps": reps, "rows": run(cli.quick, reps)}, cli.out))
+    rows = run(cli.quick, reps, cli.recurrent)
+    previous = cli.out / "e2e.json"
+    if cli.recurrent and previous.exists():
+        kept = json.loads(previous.read_text())
+        if kept.get("quick") == cli.quick and kept.get("reps") == reps:
+            rows = merge(kept, rows)
+    print("written:", save("e2e", {"quick": cli.quick, "reps": reps, "rows": rows}, cli.out))

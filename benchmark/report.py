@@ -137,11 +137,21 @@ def e2e_section(e2e: dict, stages: dict | None, img: Path, rel: str) -> list[str
            "whole pool per `recv` unless the row names a smaller batch. "
            "Env steps (Atari frames = 4×).", "",
            "| algo | task | layout | mode | env steps/s | updates/s | first update (s) | CPU % per core | "
-           "peak RSS (MiB) |", "| --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
+           "peak RSS (MiB) | code |", "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
     for r in e2e["rows"]:
         out.append(f"| {r['algo']} | {r['task']} | {r['layout']} | {r['mode']}{r['sweep']} | {fmt(r['sps'])} | "
                    f"{fmt(r['updates_per_s'], 2)} | {fmt(r['time_to_first_update_s'], 1)} | "
-                   f"{' / '.join(f'{c:.0f}' for c in r['cpu_per_core'])} | {fmt(r.get('peak_rss_mib'))} |")
+                   f"{' / '.join(f'{c:.0f}' for c in r['cpu_per_core'])} | {fmt(r.get('peak_rss_mib'))} | "
+                   f"{r.get('commit') or e2e['machine'].get('commit') or '?'} |")
+    recurrent = [(r, find(e2e, "PPO", r["task"], r["layout"], r["mode"], r["sweep"]))
+                 for r in e2e["rows"] if r["algo"] == "PPO-LSTM"]
+    if recurrent:
+        out += ["", "The cost of memory: sebulba/ppo_lstm_envpool.py (128-unit LSTM) against sebulba/ppo_envpool.py "
+                "on the same flags.", "", "| task | layout | mode | PPO-LSTM ÷ PPO, env steps/s | "
+                "PPO-LSTM ÷ PPO, first update |", "| --- | --- | --- | --- | --- |"]
+        out += [f"| {r['task']} | {r['layout']} | {r['mode']} | {r['sps']['median'] / p['sps']['median']:.2f} | "
+                f"{r['time_to_first_update_s']['median'] / p['time_to_first_update_s']['median']:.2f} |"
+                for r, p in recurrent if p]
     out += ["", "| algo | task | layout | async ÷ sync |", "| --- | --- | --- | --- |"]
     pairs = []
     for r in e2e["rows"]:

@@ -49,7 +49,9 @@ def test_report_renders_tables_targets_and_plots(tmp_path):
     row = dict(algo="PPO", task="CartPole-v1", layout="a0-l0", sweep="", updates_per_s=s(10),
                time_to_first_update_s=s(9), cpu_per_core=[90, 80], peak_rss_mib=s(600), cpu_series=[(0.5, 50.0)])
     (tmp_path / "e2e.json").write_text(json.dumps({"machine": machine, "reps": 1, "rows": [
-        {**row, "mode": "async", "sps": s(30_000)}, {**row, "mode": "sync", "sps": s(15_000)}]}))
+        {**row, "mode": "async", "sps": s(30_000)}, {**row, "mode": "sync", "sps": s(15_000)},
+        {**row, "algo": "PPO-LSTM", "mode": "async", "sps": s(12_000), "time_to_first_update_s": s(18),
+         "commit": "abc1234"}]}))
     (tmp_path / "startup.json").write_text(json.dumps({"machine": machine, "updates": 3, "results": {"PPO": {
         "runs": [{"cache_entries": 59}], "first_s": s(5.9), "second_s": s(2.9)}}}))
     md = report.report(tmp_path, tmp_path / "RESULTS.md", tmp_path / "img")
@@ -57,12 +59,28 @@ def test_report_renders_tables_targets_and_plots(tmp_path):
     assert "| end-to-end ÷ limit, PPO CartPole-v1 a0-l0 | 0.75 | ≥ 0.85 | missed |" in text
     assert "| async ÷ sync, PPO CartPole-v1 a0-l0 | 2.00 | ≥ 1.5 | met |" in text
     assert "| actor efficiency, CartPole-v1 | 0.50 | ≥ 0.85 | missed |" in text
+    assert "| CartPole-v1 | a0-l0 | async | 0.40 | 2.00 |" in text  # PPO-LSTM ÷ PPO
+    assert "| 600 (600–600) | abc1234 |" in text  # each e2e row names its code
     assert "(best: a0-l0 async) | 30,000 | ≥ 25,000 | met |" in text
     assert "| PPO | 5.9 (5.9–5.9) s | 2.9 (2.9–2.9) s | 59 |" in text
     assert "time to first update on its second run (compilation cache) | 2.9 s | ≤ 3.0 s | met |" in text
     assert "time_to_solve" not in text and "env_throughput.png" not in text  # absent parts are left out
     assert {p.name for p in (tmp_path / "img").iterdir()} == {"e2e_async_vs_sync.png", "e2e_learner_scaling.png",
                                                                "cpu_utilisation.png"}
+
+
+def test_e2e_recurrent_rows_sit_beside_ppo_and_merge_by_name():
+    import e2e
+    rows = e2e.configurations(quick=False, recurrent=True)
+    lstm = [(r["task"], r["layout"], r["mode"]) for r in rows if r["algo"] == "PPO-LSTM"]
+    assert lstm == [("CartPole-v1", "a0-l0", "async"), ("CartPole-v1", "a0-l0", "sync"),
+                    ("Breakout-v5", "a0-l1,2,3", "async")]
+    assert [(r["task"], r["layout"], r["mode"]) for r in rows if r["algo"] == "PPO"] == lstm
+    assert all(r["script"] == "ppo_lstm_envpool.py" for r in rows if r["algo"] == "PPO-LSTM")
+    previous = {"machine": {"commit": "old"}, "rows": [{"name": "a", "sps": 1}, {"name": "b", "sps": 2}]}
+    merged = e2e.merge(previous, [{"name": "b", "sps": 3, "commit": "new"}, {"name": "c", "sps": 4, "commit": "new"}])
+    assert merged == [{"name": "a", "sps": 1, "commit": "old"}, {"name": "b", "sps": 3, "commit": "new"},
+                      {"name": "c", "sps": 4, "commit": "new"}]
 
 
 def test_learning_targets_and_report(tmp_path):
