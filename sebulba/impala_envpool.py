@@ -453,7 +453,8 @@ def main(args: Args) -> dict:
     update_fn = make_update_fn(args, agent, placement.mesh)
     rollout = rollout_shapes(args.num_steps, setup.num_envs_total, spec, placement.env_sharded)
     check_learner_memory(update_fn.programs["update"].lower(state, rollout).compile(), placement, rollout,
-                         2 * setup.num_actor_threads_total * args.local_num_envs)  # filled and queued
+                         2 * setup.num_actor_threads_total * args.local_num_envs,  # filled and queued
+                         "lower --local-num-envs or --num-steps (one update takes the whole rollout)")
     policy = make_policy_fn(agent, spec.action_space)
     run.params_slot.publish(run.start_update, placement.to_actors((state.params, state.obs_moments)))
 

@@ -55,7 +55,7 @@ def make_normalizer_update(norm_obs: bool, norm_reward: bool, mesh: Mesh):
     return jax.jit(jax.shard_map(refresh, mesh=mesh, in_specs=(P(), P(), P(None, "learner")), out_specs=P()))
 
 
-def check_learner_memory(compiled, placement, rollout: Rollout, host_env_rollouts: int) -> int:
+def check_learner_memory(compiled, placement, rollout: Rollout, host_env_rollouts: int, shrink: str) -> int:
     """Refuse a run whose learner cannot hold its largest program, before any thread starts.
 
     `compiled` is that program, compiled ahead of time for `rollout` (the global batch as
@@ -69,7 +69,8 @@ def check_learner_memory(compiled, placement, rollout: Rollout, host_env_rollout
     reads it from the compilation cache). Returns the bytes needed per device.
 
     Raises:
-      ConfigError: one line with both figures and the flags that shrink the program.
+      ConfigError: one line with both figures and `shrink`, the script's flags that shrink the
+        program (e.g. "lower --local-num-envs or --num-steps").
     """
     analysis = compiled.memory_analysis()
     need = analysis.temp_size_in_bytes + analysis.argument_size_in_bytes
@@ -85,8 +86,7 @@ def check_learner_memory(compiled, placement, rollout: Rollout, host_env_rollout
         total, free, where = need, stats["bytes_limit"] - stats.get("bytes_in_use", 0), str(local[0])
     if total > 0.8 * free:
         raise ConfigError(f"the learner needs {total / 2**30:.1f} GiB ({need / 2**30:.1f} GiB per learner device for its "
-                          f"gradient program) but {where} has {free / 2**30:.1f} GiB free: raise "
-                          "--gradient-accumulation-steps (smaller microbatches), or lower --local-num-envs or --num-steps")
+                          f"gradient program) but {where} has {free / 2**30:.1f} GiB free: {shrink}")
     return need
 
 

@@ -536,7 +536,8 @@ def main(args: Args) -> dict:
     update_fn = make_update_fn(args, agent, placement.mesh)
     rollout = rollout_shapes(args.num_steps, setup.num_envs_total, spec, placement.env_sharded)
     check_learner_memory(compile_gradient_step(update_fn, args, state, rollout), placement, rollout,
-                         2 * setup.num_actor_threads_total * args.local_num_envs)  # filled and queued
+                         2 * setup.num_actor_threads_total * args.local_num_envs,  # filled and queued
+                         "raise --gradient-accumulation-steps (smaller microbatches), or lower --local-num-envs or --num-steps")
     policy = make_policy_fn(agent, spec.action_space)
     # One bounded queue per actor thread; the learner reads them in thread order.
     run.queues = [queue.Queue(maxsize=1) for _ in range(setup.num_actor_threads_total)]

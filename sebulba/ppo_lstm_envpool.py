@@ -399,7 +399,8 @@ def main(args: Args) -> dict:
     states = jax.ShapeDtypeStruct((1, setup.num_envs_total, 2, args.lstm_size), np.float32,
                                   sharding=placement.env_sharded)
     check_learner_memory(compile_step(update_fn, state, Sequences(rollout, states)), placement, rollout,
-                         2 * setup.num_actor_threads_total * args.local_num_envs)  # filled and queued
+                         2 * setup.num_actor_threads_total * args.local_num_envs,  # filled and queued
+                         "raise --num-minibatches (fewer env sequences per minibatch), or lower --local-num-envs or --num-steps")
     policy = make_policy_fn(agent, spec.action_space)
     # One bounded queue per actor thread; the learner reads them in thread order.
     run.queues = [queue.Queue(maxsize=1) for _ in range(setup.num_actor_threads_total)]

@@ -198,8 +198,9 @@ def test_frames_stay_uint8_until_the_network():
 def test_a_learner_that_cannot_fit_is_refused_before_any_thread(monkeypatch, tmp_path):
     import sebulba.impala_envpool as impala
     import sebulba.learner
-    import sebulba.threads
     import sebulba.ppo_envpool as ppo
+    import sebulba.ppo_lstm_envpool as lstm
+    import sebulba.threads
     from sebulba.config import ConfigError
 
     flags = dict(env_id="CartPole-v1", total_timesteps=1024, local_num_envs=8, num_steps=16, num_actor_threads=1,
@@ -208,11 +209,12 @@ def test_a_learner_that_cannot_fit_is_refused_before_any_thread(monkeypatch, tmp
     monkeypatch.setattr(sebulba.learner.psutil, "virtual_memory", lambda: SimpleNamespace(available=free["bytes"]))
     started = []
     monkeypatch.setattr(sebulba.threads.Supervisor, "add", lambda *a, **k: started.append(a))
-    for module in (ppo, impala):
+    remedies = {ppo: r"raise --gradient-accumulation-steps .*", impala: "", lstm: r"raise --num-minibatches .*"}
+    for module, remedy in remedies.items():  # each names only flags its script has
         free["bytes"] = 1 << 10  # 1 KiB: less than two devices' programs and the host's rollouts
         with pytest.raises(ConfigError, match=r"^the learner needs 0\.0 GiB \(0\.0 GiB per learner device for its "
-                                              r"gradient program\) but the host has 0\.0 GiB free: raise "
-                                              r"--gradient-accumulation-steps .*--local-num-envs or --num-steps$"):
+                                              r"gradient program\) but the host has 0\.0 GiB free: "
+                                              + remedy + r"lower --local-num-envs or --num-steps"):
             module.main(module.Args(**flags))
         assert not started and not list(tmp_path.glob("runs/*/checkpoints/*"))
     # The figure it compares: XLA's working memory and arguments of the gradient program, per device.
@@ -225,5 +227,5 @@ def test_a_learner_that_cannot_fit_is_refused_before_any_thread(monkeypatch, tmp
     compiled = ppo.compile_gradient_step(ppo.make_update_fn(args, agent, placement.mesh), args, state, rollout)
     analysis = compiled.memory_analysis()
     free["bytes"] = 1 << 40
-    assert sebulba.learner.check_learner_memory(compiled, placement, rollout, 16) == (
+    assert sebulba.learner.check_learner_memory(compiled, placement, rollout, 16, "lower x") == (
         analysis.temp_size_in_bytes + analysis.argument_size_in_bytes) > 0
