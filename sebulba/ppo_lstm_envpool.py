@@ -49,6 +49,7 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 import numpy as np
+import tyro
 from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
@@ -78,6 +79,7 @@ class Args(ppo.Args):
     """width of the LSTM's cell and hidden state (CleanRL's ppo_atari_lstm.py: 128)"""
     num_minibatches: int = 4
     """minibatches per epoch on each learner device: whole env sequences (must divide the envs per learner device)"""
+    gradient_accumulation_steps: tyro.conf.Suppress[int] = 1  # not a flag here: a minibatch is whole sequences
 
 
 def resolve(args: Args, cluster: Cluster = Cluster()) -> ppo.Setup:
