@@ -63,7 +63,7 @@ from sebulba.learner import Bookkeeping, LearnerState, check_learner_memory, mak
 from sebulba.networks import ImpalaEncoder, MLPEncoder, RunningMoments, entropy, log_prob, make_policy_fn
 from sebulba.rollouts import Rollout, RolloutAssembler, rollout_shapes
 from sebulba.runtime import Run, run_cli
-from sebulba.threads import ParamsSlot, Stopped, Supervisor, Timer, timed_get, timed_put
+from sebulba.threads import ParamsSlot, Stopped, Supervisor, Timer, timed_put
 
 
 @dataclass
@@ -397,14 +397,8 @@ def run_learner(run: Run, state: LearnerState, update_fn, lr_schedule, key):
     for update in range(run.start_update, run.setup.num_updates):
         if run.stop_requested():
             break
-        try:
-            with timer("rollout_queue_get_time_s"):
-                items = [timed_get(q, run.interrupted, run.flags.stall_timeout_s, f"learner (from actor thread {i})")
-                         for i, q in enumerate(run.queues)]
-        except Stopped:
-            if not run.preempt.is_set():
-                raise
-            run.stopped_by = run.signum
+        items = run.next_items(timer)  # one per actor thread, in order; None: a stop signal
+        if items is None:
             break
         with timer("transfer_time_s"):
             batch = jax.block_until_ready(placement.to_learners([rollout for rollout, *_ in items]))

@@ -40,7 +40,7 @@ from sebulba.envs import env_segments, is_atari, make_envs, pool_seed
 from sebulba.evaluation import EVAL_SEED_OFFSET, Evaluator, run_evaluator
 from sebulba.metrics import Logger
 from sebulba.rollouts import RolloutAssembler, obs_storage
-from sebulba.threads import AnyEvent, ParamsSlot, RunFailed, StopSignals, Supervisor
+from sebulba.threads import AnyEvent, ParamsSlot, RunFailed, Stopped, StopSignals, Supervisor, Timer, timed_get
 
 
 @dataclass
@@ -199,6 +199,25 @@ class Run:
         if self.stopped_by and not self.signum and self.lead:
             print(f"{signal.Signals(self.stopped_by).name} on another process: checkpointing and stopping", flush=True)
         return self.stopped_by
+
+    def next_items(self, timer: Timer) -> list | None:
+        """The learner's wait: one item from each of `queues`, in order, timed as
+        rollout_queue_get_time_s. None when a stop signal ended the wait (`stopped_by` is set;
+        the learner ends at this update boundary).
+
+        Raises:
+          StallError: a queue stayed empty for --stall-timeout-s.
+          Stopped: the run is stopping because a thread failed.
+        """
+        try:
+            with timer("rollout_queue_get_time_s"):
+                return [timed_get(q, self.interrupted, self.flags.stall_timeout_s, f"learner (from actor thread {i})")
+                        for i, q in enumerate(self.queues)]
+        except Stopped:
+            if not self.preempt.is_set():
+                raise
+            self.stopped_by = self.signum
+            return None
 
     def on_signal(self, signum: int):
         self.signum = signum
