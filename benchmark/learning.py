@@ -11,7 +11,7 @@ CleanRL's protocol (the mean episodic return of the training games at the end: t
 `episodic_return_mean` in summary.json), the final evaluation (`final_eval`, sampled actions,
 10 games on a separate pool, 100 on MiniGrid, with its success rate: games with a positive
 return), and the wall clock. The report puts "ours vs
-reference" in RESULTS.md, one PNG per task (mean ± std over seeds against env steps, the
+reference" in RESULTS.md, one PNG per task (mean ± std over seeds and each seed thin, against env steps, the
 reference dashed). Writes benchmark/results/learning.json (or under --out).
 """
 

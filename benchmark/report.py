@@ -291,7 +291,9 @@ def learning_section(learn: dict, img: Path, rel: str) -> list[str]:
             means = [statistics.fmean(vs) for _, vs in keep]
             stds = [statistics.pstdev(vs) for _, vs in keep]
             steps = [g for g, _ in keep]
-            ax.plot(steps, means, color="C0", label=f"ours ({len(curves)} seeds)")
+            for c in curves:  # each seed thin: a mean over seeds that split (some learn, some do not) hides it
+                ax.plot([s for s, _ in c], [v for _, v in c], color="C0", lw=0.5, alpha=0.5)
+            ax.plot(steps, means, color="C0", label=f"ours ({len(curves)} seeds: mean ± std, each seed thin)")
             ax.fill_between(steps, [m - s for m, s in zip(means, stds)], [m + s for m, s in zip(means, stds)],
                             color="C0", alpha=0.25)
         if ref:
