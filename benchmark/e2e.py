@@ -1,4 +1,4 @@
-"""End-to-end throughput of sebulba/ppo_envpool.py, asynchronous vs synchronous.
+"""End-to-end throughput of the scripts (PPO, IMPALA, PPO-LSTM), asynchronous vs synchronous.
 
     python benchmark/e2e.py              # every layout and sweep, 3 repetitions (~35 min on 2 cores)
     python benchmark/e2e.py --quick      # PPO, CartPole-v1, a0-l0, 1 repetition (~35 s)

@@ -41,7 +41,7 @@ sys.path.insert(0, str(ROOT))
 from sebulba.checkpoints import complete_steps  # noqa: E402
 from sebulba.config import Cluster  # noqa: E402
 from sebulba.devices import Placement  # noqa: E402
-from sebulba.envs import is_atari, is_mujoco, make_envs  # noqa: E402
+from sebulba.envs import has_dict_obs, is_atari, is_mujoco, make_envs  # noqa: E402
 from sebulba.evaluation import run_episodes  # noqa: E402
 from sebulba.networks import make_policy_fn  # noqa: E402
 
@@ -170,7 +170,8 @@ def main(argv: list[str] | None = None) -> dict:
     else:
         print(f"{args.env_id}, checkpoint {update}, {result['policy']} actions, {cli.episodes} episodes: return "
               f"{result['return_mean']:.1f} ± {result['return_std']:.1f}, length {result['length_mean']:.1f} ± "
-              f"{result['length_std']:.1f} env steps, success rate {result['success_rate']:.2f}")
+              f"{result['length_std']:.1f} env steps"
+              + (f", success rate {result['success_rate']:.2f}" if has_dict_obs(args.env_id) else ""))  # MiniGrid
         if cli.video is not None:
             print(f"video: {cli.video} ({result['video_frames']} frames)")
     return result

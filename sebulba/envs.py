@@ -4,6 +4,8 @@ pool lifetimes of a --deterministic run."""
 
 from __future__ import annotations
 
+import functools
+
 import itertools
 from typing import Any
 
@@ -19,6 +21,7 @@ def is_mujoco(env_id: str) -> bool:
     return envpool.registration.registry.specs[env_id][0].startswith("envpool.mujoco")  # (module, spec class, kw)
 
 
+@functools.cache
 def has_dict_obs(env_id: str) -> bool:
     """Whether the task's observations are a dict of arrays (MiniGrid/BabyAI: image, direction, mission)."""
     return type(envpool.make_spec(env_id).observation_space).__name__ == "Dict"

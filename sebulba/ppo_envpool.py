@@ -103,7 +103,7 @@ class Args(RunFlags):
     channels: tuple[int, ...] = (16, 32, 32)
     """IMPALA ResNet channels, one conv stack each (Atari)"""
     hiddens: tuple[int, ...] = (256,)
-    """dense layer widths after the ResNet (Atari), or of the MLP (vector observations)"""
+    """dense layer widths after the ResNet (Atari) or the MiniGrid id embeddings, or of the MLP (vector observations)"""
 
 
 @dataclass(frozen=True)

@@ -36,7 +36,7 @@ import tyro
 from sebulba.checkpoints import Checkpointer, incomplete_steps, read_resume_meta, set_aside
 from sebulba.config import Cluster, ConfigError, RunFlags, Setup
 from sebulba.devices import Placement, setup_devices, use_compilation_cache
-from sebulba.envs import env_segments, is_atari, make_envs, pool_seed
+from sebulba.envs import env_segments, has_dict_obs, is_atari, make_envs, pool_seed
 from sebulba.evaluation import EVAL_SEED_OFFSET, Evaluator, run_evaluator
 from sebulba.metrics import Logger
 from sebulba.rollouts import RolloutAssembler, obs_storage
@@ -189,8 +189,10 @@ class Run:
         print(f"{'final eval' if final else 'eval'} at update {version} "
               f"({'greedy' if self.flags.eval_greedy else 'sampled'} actions): return "
               f"{metrics['eval/episodic_return_mean']:.1f} ± {metrics['eval/episodic_return_std']:.1f}, length "
-              f"{metrics['eval/episodic_length_mean']:.1f} ({self.flags.eval_episodes} episodes, "
-              f"{metrics['eval/time_s']:.1f}s){', finished after the last update' * late}", flush=True)
+              f"{metrics['eval/episodic_length_mean']:.1f}"
+              + (f", success rate {metrics['eval/success_rate']:.2f}" if has_dict_obs(self.flags.env_id) else "")
+              + f" ({self.flags.eval_episodes} episodes, {metrics['eval/time_s']:.1f}s)"
+              + ", finished after the last update" * late, flush=True)
 
     def stop_requested(self) -> int:
         """The stop signal to act on now, agreed over every process (0: none); sets `stopped_by`."""
