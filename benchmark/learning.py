@@ -34,10 +34,11 @@ PPO_CARTPOLE_CLEANRL = ["--env-id", "CartPole-v1", "--total-timesteps", "500000"
                         "--clip-coef", "0.2", "--ent-coef", "0.01", "--max-policy-lag", "0"]
 
 # MiniGrid-MemoryS7-v0 (the agent must recall an object seen at the start): the LSTM preset of
-# docs/ppo_lstm_envpool.md (4M env steps), and the feed-forward script with the same flags, which can only guess.
+# docs/ppo_lstm_envpool.md (4M env steps, entropy 0.03: with 0.01 one seed of three learned), and the
+# feed-forward script with the same flags but entropy 0.01, which can only guess.
 MEMORY_S7 = ["--env-id", "MiniGrid-MemoryS7-v0", "--total-timesteps", "4000000", "--local-num-envs", "16",
              "--num-steps", "64", "--num-actor-threads", "1", "--hiddens", "128", "--num-minibatches", "4",
-             "--update-epochs", "4", "--learning-rate", "5e-4", "--ent-coef", "0.01", "--clip-coef", "0.2"]
+             "--update-epochs", "4", "--learning-rate", "5e-4", "--clip-coef", "0.2"]
 
 # name: (script, flags, seeds, reference (mean, std, source) or None, target (description, test on the seed means))
 TASKS = {
@@ -51,9 +52,10 @@ TASKS = {
     "CartPole-v1/PPO/100k": ("ppo_envpool.py", PPO_CARTPOLE, 5, None, "every seed ends ≥ 475, final eval too"),
     "CartPole-v1/IMPALA": ("impala_envpool.py", IMPALA_CARTPOLE, 5, None,
                            "every seed reaches ≥ 475 and the last-20 mean stays ≥ 450 after"),
-    "MiniGrid-MemoryS7-v0/PPO-LSTM/4M": ("ppo_lstm_envpool.py", [*MEMORY_S7, "--lstm-size", "128"], 3, None,
-                                         "every seed's final success rate ≥ 0.9"),
-    "MiniGrid-MemoryS7-v0/PPO/4M": ("ppo_envpool.py", MEMORY_S7, 3, None, "final success rate near guessing (≤ 0.7)"),
+    "MiniGrid-MemoryS7-v0/PPO-LSTM/4M": ("ppo_lstm_envpool.py", [*MEMORY_S7, "--ent-coef", "0.03", "--lstm-size", "128"],
+                                         3, None, "every seed's final success rate ≥ 0.9"),
+    "MiniGrid-MemoryS7-v0/PPO/4M": ("ppo_envpool.py", [*MEMORY_S7, "--ent-coef", "0.01"], 3, None,
+                                    "final success rate near guessing (≤ 0.7)"),
 }
 EVAL_EPISODES = {"MiniGrid-MemoryS7-v0/PPO-LSTM/4M": 100, "MiniGrid-MemoryS7-v0/PPO/4M": 100}  # others: 10
 QUICK_STEPS = {"HalfCheetah-v4/PPO/1M": 8192, "CartPole-v1/PPO/100k": 10240}  # --quick: these two, one seed
