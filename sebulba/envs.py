@@ -5,7 +5,6 @@ pool lifetimes of a --deterministic run."""
 from __future__ import annotations
 
 import functools
-
 import itertools
 from typing import Any
 
