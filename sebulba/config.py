@@ -121,12 +121,27 @@ def check_ranges(flags, positive=(), above_zero=(), unit_interval=(), non_negati
             raise ConfigError(f"{flag(name)}={getattr(flags, name)} must be >= 0")
 
 
+def check_env_id(env_id: str):
+    """--env-id must name an EnvPool task. Checked before anything asks EnvPool about the id:
+    its spec and registry lookups raise a bare KeyError for an unknown one.
+
+    Raises:
+      ConfigError: an unknown id, with the closest EnvPool ids.
+    """
+    if env_id not in envpool.list_all_envs():
+        close = difflib.get_close_matches(env_id, envpool.list_all_envs(), n=3)
+        hint = f"; did you mean {', '.join(close)}?" if close else "; see envpool.list_all_envs()"
+        raise ConfigError(f"--env-id {env_id} is not an EnvPool task{hint}")
+
+
 def check_network(env_id: str, channels, hiddens):
     """Atari's IMPALA ResNet needs at least one conv stack and one dense layer.
 
     Raises:
-      ConfigError: --channels or --hiddens is empty on an Atari task.
+      ConfigError: `env_id` is not an EnvPool task (`check_env_id`, first), or --channels or
+        --hiddens is empty on an Atari task.
     """
+    check_env_id(env_id)
     if is_atari(env_id) and (not channels or not hiddens):
         raise ConfigError(f"--channels {' '.join(map(str, channels))} --hiddens {' '.join(map(str, hiddens))}: "
                           "Atari's IMPALA ResNet needs at least one width in each (defaults: 16 32 32 and 256)")
@@ -242,6 +257,7 @@ def resolve_run(flags: RunFlags, num_steps: int, cluster: Cluster = Cluster()) -
     Raises:
       ConfigError: one line naming the flag and valid values.
     """
+    check_env_id(flags.env_id)  # first: the checks below ask EnvPool about the task
     check_ranges(flags, positive=("local_num_envs", "num_actor_threads", "total_timesteps", "log_frequency"),
                  above_zero=("stall_timeout_s",),
                  non_negative=("max_policy_lag", "checkpoint_interval", "eval_interval", "eval_episodes",
@@ -254,10 +270,6 @@ def resolve_run(flags: RunFlags, num_steps: int, cluster: Cluster = Cluster()) -
     for name, ids in (("actor", flags.actor_device_ids), ("learner", flags.learner_device_ids)):
         if len(set(ids)) != len(ids) or min(ids) < 0:
             raise ConfigError(f"--{name}-device-ids {ids}: ids must be distinct and >= 0")
-    if flags.env_id not in envpool.list_all_envs():
-        close = difflib.get_close_matches(flags.env_id, envpool.list_all_envs(), n=3)
-        hint = f"; did you mean {', '.join(close)}?" if close else "; see envpool.list_all_envs()"
-        raise ConfigError(f"--env-id {flags.env_id} is not an EnvPool task{hint}")
     if flags.track and cluster.process_id == 0:  # only process 0 logs
         check_wandb_login()
     if flags.eval_interval and not flags.eval_episodes:

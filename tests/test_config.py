@@ -70,6 +70,13 @@ def test_bad_ppo_values_are_refused(change, message):
         ppo.resolve(ppo.Args(**{**CARTPOLE, "num_steps": 16, **change}))
 
 
+@pytest.mark.parametrize("module", [ppo, impala, ppo_lstm])
+def test_a_mistyped_env_id_is_named_before_envpool_is_asked_about_it(module):
+    """Each script's own checks (the network's, say) ask EnvPool about the task: the id is checked first."""
+    with pytest.raises(ConfigError, match=r"^--env-id CartPol-v1 is not an EnvPool task; did you mean CartPole-v1"):
+        module.resolve(module.Args(**{**CARTPOLE, "env_id": "CartPol-v1"}))
+
+
 def test_missing_device_is_refused_before_any_thread(tmp_path):
     with pytest.raises(ConfigError, match=r"device id 9 requested but this process has 4 cpu devices; use ids 0..3"):
         ppo.main(ppo.Args(**CARTPOLE, num_steps=16, learner_device_ids=[9]))
@@ -133,6 +140,17 @@ def test_cli_help_lists_every_flag_with_its_help_line(script, module):
     assert len(entries) == len(docs) + 1  # and --help
     for entry in entries:
         assert entry.rstrip().count("\n") <= 1, entry
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("script", ["ppo_envpool.py", "impala_envpool.py"])
+def test_cli_mistyped_env_id_is_one_line_with_suggestions(script):
+    out = run_cli(script, "--env-id", "CartPol-v1")
+    assert out.returncode == 2, out.stderr
+    lines = out.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith(
+        "error: --env-id CartPol-v1 is not an EnvPool task; did you mean CartPole-v1, "), out.stderr
+    assert not Path("runs").exists()
 
 
 @pytest.mark.slow
