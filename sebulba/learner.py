@@ -96,6 +96,19 @@ def params_sha256(params) -> str:
     return hashlib.sha256(b"".join(np.ascontiguousarray(x).tobytes() for x in leaves)).hexdigest()
 
 
+def deterministic_stop_line(done: int, latest: int | None) -> str:
+    """What a --deterministic run stopped after `done` updates says about its resume, given its
+    newest checkpoint `latest` (an update count; None: none)."""
+    if latest == done:
+        return (f"--deterministic: stopped at update {done}, which has a periodic checkpoint; the same command resumes "
+                "from it exactly")
+    if done == 0:
+        return "--deterministic: stopped before the first update; the same command starts the run anew"
+    start = "the start" if latest is None else f"update {latest}"
+    return (f"--deterministic: no checkpoint at update {done}; the same command resumes from {start} and redoes updates "
+            f"{(latest or 0) + 1}..{done} exactly")
+
+
 class Bookkeeping:
     """The learner thread's records, kept apart from its loop. After each update (`record`):
     the eval thread's results, the metric windows, a checkpoint every --checkpoint-interval
@@ -198,11 +211,9 @@ class Bookkeeping:
         if stopped_by and run.flags.deterministic:
             # EnvPool cannot save env state, so only a periodic checkpoint (where the envs restart)
             # resumes into the same run; the updates since it are redone, identically.
-            latest = run.checkpointer.manager.latest_step()
+            latest, done = run.checkpointer.manager.latest_step(), summary["updates"]
             if not setup.process_id:
-                print(f"--deterministic: no checkpoint at update {summary['updates']}; the same command resumes from "
-                      f"{f'update {latest}' if latest is not None else 'the start'} and redoes the updates after it "
-                      "exactly")
+                print(deterministic_stop_line(done, latest))
             summary["checkpoint"] = str(run.checkpointer.manager.directory / str(latest)) if latest is not None else None
         else:
             self.checkpoint(summary["updates"], state, key)

@@ -2,6 +2,8 @@
 (jax#14184), gradients averaged, accumulation and memory."""
 
 import re
+import signal
+from pathlib import Path
 from types import SimpleNamespace
 
 import jax
@@ -13,7 +15,7 @@ from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
 from sebulba.devices import Placement
-from sebulba.learner import LearnerState
+from sebulba.learner import Bookkeeping, LearnerState
 from sebulba.networks import RunningMoments
 from sebulba.ppo_envpool import Agent, Args, Minibatch, make_update_fn, normalize_advantages, prepare_transitions
 from sebulba.rollouts import Rollout, rollout_shapes
@@ -229,3 +231,27 @@ def test_a_learner_that_cannot_fit_is_refused_before_any_thread(monkeypatch, tmp
     free["bytes"] = 1 << 40
     assert sebulba.learner.check_learner_memory(compiled, placement, rollout, 16, "lower x") == (
         analysis.temp_size_in_bytes + analysis.argument_size_in_bytes) > 0
+
+
+@pytest.mark.parametrize("done, latest, line", [
+    (20, 20, "--deterministic: stopped at update 20, which has a periodic checkpoint; the same command resumes from it "
+             "exactly"),
+    (23, 20, "--deterministic: no checkpoint at update 23; the same command resumes from update 20 and redoes updates "
+             "21..23 exactly"),
+    (3, None, "--deterministic: no checkpoint at update 3; the same command resumes from the start and redoes updates "
+              "1..3 exactly"),
+    (0, None, "--deterministic: stopped before the first update; the same command starts the run anew"),
+])
+def test_a_stopped_deterministic_run_says_where_it_resumes(done, latest, line, capsys):
+    """A stop signal that lands on a periodic checkpoint leaves that checkpoint to resume from;
+    between checkpoints the updates since the last one are redone (EnvPool cannot save env state)."""
+    manager = SimpleNamespace(latest_step=lambda: latest, directory=Path("runs/r/checkpoints"))
+    run = SimpleNamespace(stopped_by=signal.SIGINT, flags=SimpleNamespace(deterministic=True),
+                          checkpointer=SimpleNamespace(manager=manager), setup=SimpleNamespace(process_id=0),
+                          summary={"updates": done}, make_evaluator=None)
+    books = Bookkeeping.__new__(Bookkeeping)  # finish reads only the run
+    books.run = run
+    books.finish(SimpleNamespace(params={}), None)
+    assert capsys.readouterr().out == line + "\n"
+    assert run.summary["checkpoint"] == (None if latest is None else f"runs/r/checkpoints/{latest}")
+    assert run.summary["interrupted_by"] == "SIGINT"
