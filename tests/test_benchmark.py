@@ -148,3 +148,16 @@ def test_report_renders_the_gpu_section(tmp_path):
     assert ("| Breakout-v5/PPO | 2 | 31.0 (31.0–31.0) s | 9,150 (9,150–9,150) | 12,000 (12,000–12,000) | "
             "30,000 (30,000–30,000) | 3.5 (3.5–3.5) GiB |") in text
     assert "(1 A100, 10 CPU cores): 1.50×." in text
+
+
+@pytest.mark.slow
+def test_run_without_the_bench_extra_names_it_in_one_line(tmp_path):
+    """`benchmark/run.py --quick` where ale-py cannot be imported: exit 2, one line naming the
+    extra to install, before any part starts (it ended in two tracebacks)."""
+    import subprocess
+    hide = ("import runpy, sys; sys.modules['ale_py'] = None; sys.argv = ['run.py', '--quick']; "
+            f"runpy.run_path({str(Path(common.ROOT) / 'benchmark' / 'run.py')!r}, run_name='__main__')")
+    proc = subprocess.run([sys.executable, "-c", hide], capture_output=True, text=True, timeout=120, cwd=tmp_path)
+    assert proc.returncode == 2 and proc.stdout == "", proc.stdout + proc.stderr
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and "ale-py" in lines[0] and lines[0].endswith('pip install -e ".[bench]"'), proc.stderr
