@@ -1,4 +1,4 @@
-"""Every training command in README.md and docs/ works as written.
+"""Every training command in README.md and docs/ works as written, and every link between the pages resolves.
 
 Each `python sebulba/<script>.py ...` command (in a code block, or inline in backticks; one
 run by `scripts/launch_local.py -n N --` counts as N processes) is parsed by the script's own
@@ -9,6 +9,7 @@ cut to one batch. Not here: commands with placeholders (`...`, `RUN_DIR`, `<run 
 `scripts/evaluate.py` (tests/test_evaluate.py) and the sbatch template (tests/test_slurm.py).
 """
 
+import collections
 import re
 import shlex
 from pathlib import Path
@@ -99,3 +100,48 @@ def test_documented_vector_task_command_trains_one_update(command, capsys):
     summary = module.main(args)
     assert summary["updates"] == 1 and summary["global_step"] == batch
     assert capsys.readouterr().out.startswith("run docs: 1 process(es)")
+
+
+def github_anchors(page: Path) -> set[str]:
+    """The `#anchor`s GitHub gives a page's headings (lower case; punctuation other than '-' and
+    '_' dropped; spaces as '-'; a repeated heading gets -1, -2, ...), and any explicit HTML ids."""
+    text = re.sub(r"```.*?```", "", page.read_text(), flags=re.S)
+    anchors, seen = set(re.findall(r"<a (?:name|id)=\"([^\"]+)\"", text)), collections.Counter()
+    for heading in re.findall(r"^#{1,6} +(.+?) *#*$", text, flags=re.M):
+        heading = re.sub(r"\[([^]]*)\]\([^)]*\)", r"\1", heading)  # a link in a heading: its text
+        slug = re.sub(r"[^\w\- ]", "", heading.strip().lower()).replace(" ", "-")
+        anchors.add(f"{slug}-{seen[slug]}" if seen[slug] else slug)
+        seen[slug] += 1
+    return anchors
+
+
+def relative_links(page: Path) -> list[str]:
+    """The targets of a page's Markdown links that stay in this repository (no scheme), code blocks
+    and inline code left out."""
+    text = re.sub(r"`[^`\n]*`", "", re.sub(r"```.*?```", "", page.read_text(), flags=re.S))
+    targets = re.findall(r"\]\(([^)\s]+)(?: \"[^\"]*\")?\)", text)
+    return [t for t in targets if not re.match(r"^[a-z][a-z0-9+.-]*:", t)]
+
+
+LINKED_PAGES = sorted({*PAGES, ROOT / "benchmark" / "RESULTS.md"})
+
+
+@pytest.mark.parametrize("page", LINKED_PAGES, ids=lambda p: str(p.relative_to(ROOT)))
+def test_every_relative_link_and_anchor_resolves(page):
+    broken = []
+    for link in relative_links(page):
+        path, _, anchor = link.partition("#")
+        target = (page.parent / path).resolve() if path else page
+        if not target.exists():
+            broken.append(f"{link}: no {target.relative_to(ROOT) if target.is_relative_to(ROOT) else target}")
+        elif anchor and (target.suffix != ".md" or anchor not in github_anchors(target)):
+            broken.append(f"{link}: no heading with that anchor in {target.relative_to(ROOT)}")
+    assert not broken, f"{page.relative_to(ROOT)}: " + "; ".join(broken)
+
+
+def test_anchors_are_the_ones_github_makes(tmp_path):
+    page = tmp_path / "page.md"
+    page.write_text("# Start-up and the compilation cache\n## `--norm-adv`, MuJoCo & Box (actions)\n"
+                    "## Results\n## Results\n```\n# not a heading\n```\n## End-to-end ÷ limit: [x](y.md)\n")
+    assert github_anchors(page) == {"start-up-and-the-compilation-cache", "--norm-adv-mujoco--box-actions", "results",
+                                    "results-1", "end-to-end--limit-x"}
