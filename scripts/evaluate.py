@@ -77,8 +77,9 @@ def load(run_dir: Path, checkpoint: int | None):
     device = jax.local_devices()[0]
     # A one-device learner "mesh": orbax reshards whatever layout the run was saved from.
     placement = Placement([device], [device])
-    like, _ = module.make_train_state(args, module.resolve(dataclasses.replace(args, distributed=False), Cluster()),
-                                      module.init_params(agent, spec, jax.random.PRNGKey(0)), placement)
+    # resolve gives the optimiser's sizes; as one process that logs nothing (track=False: evaluating needs no W&B login)
+    setup = module.resolve(dataclasses.replace(args, distributed=False, track=False), Cluster())
+    like, _ = module.make_train_state(args, setup, module.init_params(agent, spec, jax.random.PRNGKey(0)), placement)
     abstract = jax.tree.map(ocp.utils.to_shape_dtype_struct, like)
     state = manager.restore(update, args=ocp.args.Composite(state=ocp.args.StandardRestore(abstract))).state
     manager.close()
@@ -166,14 +167,18 @@ def main(argv: list[str] | None = None) -> dict:
               **evaluate(module, args, agent, spec, params, cli.episodes, cli.seed, cli.greedy, cli.video,
                          cli.video_episodes)}
     if cli.json:
-        print(json.dumps(result))
+        lines = [json.dumps(result)]
     else:
-        print(f"{args.env_id}, checkpoint {update}, {result['policy']} actions, {cli.episodes} episodes: return "
-              f"{result['return_mean']:.1f} ± {result['return_std']:.1f}, length {result['length_mean']:.1f} ± "
-              f"{result['length_std']:.1f} env steps"
-              + (f", success rate {result['success_rate']:.2f}" if has_dict_obs(args.env_id) else ""))  # MiniGrid
+        lines = [f"{args.env_id}, checkpoint {update}, {result['policy']} actions, {cli.episodes} episodes: return "
+                 f"{result['return_mean']:.1f} ± {result['return_std']:.1f}, length {result['length_mean']:.1f} ± "
+                 f"{result['length_std']:.1f} env steps"
+                 + (f", success rate {result['success_rate']:.2f}" if has_dict_obs(args.env_id) else "")]  # MiniGrid
         if cli.video is not None:
-            print(f"video: {cli.video} ({result['video_frames']} frames)")
+            lines.append(f"video: {cli.video} ({result['video_frames']} frames)")
+    try:
+        print("\n".join(lines), flush=True)  # flushed here: a closed pipe raises now, not at exit
+    except BrokenPipeError:  # `--json | head -c 400`: the reader has gone; end as a pipeline's writer does, quietly
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # (Python flushes stdout again at exit)
     return result
 
 

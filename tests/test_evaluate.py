@@ -1,6 +1,9 @@
 """scripts/evaluate.py on checkpoints of short real CartPole runs of both scripts."""
 
+import contextlib
 import json
+import os
+import subprocess
 import sys
 import threading
 import time
@@ -18,13 +21,15 @@ import sebulba.impala_envpool as impala
 import sebulba.ppo_envpool as ppo
 from sebulba import evaluation
 from sebulba.checkpoints import Checkpointer
+from sebulba.config import ConfigError, check_wandb_login
 from sebulba.devices import Placement
 from sebulba.evaluation import EVAL_SEED_OFFSET
 from sebulba.threads import ParamsSlot
 
 pytestmark = pytest.mark.slow
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "scripts"))
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "scripts"))
 import evaluate
 
 FLAGS = ["--env-id", "CartPole-v1", "--local-num-envs", "8", "--num-steps", "32", "--num-actor-threads", "1",
@@ -35,6 +40,47 @@ def train(module, name: str, total: int, *flags: str) -> Path:
     module.main(tyro.cli(module.Args, args=[*FLAGS, *flags, "--total-timesteps", str(total),
                                                    "--run-name", name, "--checkpoint-interval", "2"]))
     return Path("runs") / name
+
+
+@pytest.fixture(scope="module")
+def tracked_run(tmp_path_factory) -> Path:
+    """A 2-update CartPole run (absolute path) whose config.json says it trained with --track;
+    the training itself logged only to TensorBoard (W&B is not what the tests below look at)."""
+    root = tmp_path_factory.mktemp("tracked")
+    with contextlib.chdir(root):
+        ppo.main(ppo.Args(env_id="CartPole-v1", local_num_envs=4, num_steps=8, num_actor_threads=1, hiddens=(8,),
+                          num_minibatches=1, update_epochs=1, total_timesteps=4 * 8 * 2, run_name="tracked",
+                          checkpoint_interval=2, eval_episodes=0, log_frequency=1000))
+    run = root / "runs" / "tracked"
+    config = json.loads((run / "config.json").read_text())
+    config["args"]["track"] = True
+    (run / "config.json").write_text(json.dumps(config))
+    return run
+
+
+def test_a_run_trained_with_track_evaluates_without_a_wandb_login(tracked_run, tmp_path, monkeypatch):
+    """Evaluating is not logging: no W&B login is looked for (it was, through the training
+    script's `resolve`, which stopped with ConfigError on a machine without one)."""
+    for name in ("WANDB_API_KEY", "WANDB_MODE", "NETRC", "WANDB_CONFIG_DIR"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("HOME", str(tmp_path))  # an empty home: no ~/.netrc, no W&B settings
+    with pytest.raises(ConfigError, match="no W&B login"):  # what a training run with --track would meet here
+        check_wandb_login()
+    result = evaluate.main([str(tracked_run), "--episodes", "2", "--json"])
+    assert result["checkpoint"] == 2 and len(result["returns"]) == 2
+
+
+def test_json_into_a_pipe_closed_early_ends_quietly(tracked_run):
+    """`evaluate.py RUN --json | head -c 400`: the reader is gone when the result is printed (here
+    before the first byte, so the write must fail); the script ends as a well-behaved pipeline
+    writer does, exit status 0 and no traceback (it ended in a BrokenPipeError raised through
+    wandb's console capture)."""
+    proc = subprocess.Popen([sys.executable, str(ROOT / "scripts" / "evaluate.py"), str(tracked_run), "--episodes", "2",
+                             "--json"], stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    proc.stdout.close()
+    _, err = proc.communicate(timeout=120)
+    err = err.decode()
+    assert proc.returncode == 0 and "Traceback" not in err and "BrokenPipeError" not in err, err
 
 
 def test_printed_numbers_match_a_recomputation_from_the_same_seed(capsys):
