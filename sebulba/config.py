@@ -11,9 +11,12 @@ starts them.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import difflib
 import os
+import socket
+import subprocess
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -84,11 +87,13 @@ class RunFlags:
     distributed: bool = False
     """join a multi-process run (jax.distributed): an srun step, or the three flags below (docs/distributed.md)"""
     coordinator_address: str | None = None
-    """--distributed outside SLURM: host:port where process 0 runs the coordinator"""
+    """--distributed: host:port where process 0 runs the coordinator (under SLURM: the first node of the step)"""
     num_processes: int | None = None
     """--distributed outside SLURM: processes in the run"""
     process_id: int | None = None
     """--distributed outside SLURM: this process's index, 0 .. num_processes - 1"""
+    coordinator_timeout_s: float = 45.0
+    """--distributed: seconds for every process to reach the coordinator before each one ends with an error"""
     deterministic: bool = False
     """bit-identical reruns and resumes: lockstep envs, exact policy versions, env restarts at checkpoints"""
     compilation_cache_dir: str | None = os.environ.get("SEBULBA_COMPILATION_CACHE_DIR", "~/.cache/sebulba/jax") or None
@@ -166,18 +171,57 @@ SLURM_STEP_VARS = ("SLURM_JOB_ID", "SLURM_STEP_NODELIST", "SLURM_NTASKS", "SLURM
 
 @dataclass(frozen=True)
 class Cluster:
-    """The processes of this run: (1, 0) unless --distributed."""
+    """The processes of this run: (1, 0) unless --distributed. `coordinator` says where the
+    address came from, for the error a process gives when it cannot reach it."""
 
     num_processes: int = 1
     process_id: int = 0
-    coordinator_address: str | None = None  # None under SLURM: JAX finds it
+    coordinator_address: str | None = None  # host:port of process 0's coordinator service
     slurm_job_id: str | None = None
+    coordinator: str = "--coordinator-address"
+    coordinator_timeout_s: float = 45.0
+
+
+def first_host(nodelist: str) -> str:
+    """The first host of a Slurm hostlist: 'n[1-2],m3' -> 'n1', 'node[007,009-011]' -> 'node007',
+    'a,b' -> 'a' (JAX's own rule, jax/_src/clusters/slurm_cluster.py)."""
+    name, _, ranges = nodelist.split(",")[0].partition("[")
+    return name + ranges.split("-")[0].rstrip("]")
+
+
+def slurm_coordinator(env) -> tuple[str, str]:
+    """(host:port, where it came from) of a SLURM step's coordinator, as JAX derives it: the first
+    node of SLURM_STEP_NODELIST; port JAX_COORDINATOR_PORT, else 61440 + SLURM_JOB_ID mod 4096.
+    A node name that does not resolve (NodeName differs from the host name) is replaced by the
+    node's NodeAddr from `scontrol show node`, when that resolves."""
+    nodelist = env["SLURM_STEP_NODELIST"]
+    host = first_host(nodelist)
+    port = env.get("JAX_COORDINATOR_PORT") or str(int(env["SLURM_JOB_ID"]) % 2**12 + 2**16 - 2**12)
+    where = f"the first node of SLURM_STEP_NODELIST={nodelist}"
+    if not resolves(host):
+        with contextlib.suppress(OSError, subprocess.SubprocessError):
+            shown = subprocess.run(["scontrol", "show", "node", "-o", host], capture_output=True, text=True,
+                                   timeout=10).stdout
+            address = next((f[len("NodeAddr="):] for f in shown.split() if f.startswith("NodeAddr=")), host)
+            if address != host and resolves(address):
+                host, where = address, f"NodeAddr of {host}, {where}"
+    return f"{host}:{port}", where
+
+
+def resolves(host: str) -> bool:
+    try:
+        socket.getaddrinfo(host, None)
+    except (socket.gaierror, UnicodeError):
+        return False
+    return True
 
 
 def detect_cluster(flags: RunFlags) -> Cluster:
     """Processes of a --distributed run, from the flags, JAX_* variables or a SLURM step.
 
-    A shell on an allocated SLURM node (SLURM_JOB_ID set, no step variables) runs as a single
+    In an srun step SLURM gives the process count and index; the coordinator is
+    --coordinator-address (or JAX_COORDINATOR_ADDRESS) if given, else `slurm_coordinator`'s. A
+    shell on an allocated SLURM node (SLURM_JOB_ID set, no step variables) runs as a single
     process and says so.
 
     Raises:
@@ -189,10 +233,18 @@ def detect_cluster(flags: RunFlags) -> Cluster:
         if given:
             raise ConfigError(f"{', '.join(given)} only apply with --distributed; add it to join a multi-process run")
         return Cluster()
+    if not flags.coordinator_timeout_s > 0:
+        raise ConfigError(f"--coordinator-timeout-s={flags.coordinator_timeout_s} must be > 0")
     env = os.environ
     address = flags.coordinator_address or env.get("JAX_COORDINATOR_ADDRESS")
+    where = "--coordinator-address" if flags.coordinator_address else "JAX_COORDINATOR_ADDRESS"
     count = flags.num_processes if flags.num_processes is not None else env.get("JAX_NUM_PROCESSES")
     index = flags.process_id if flags.process_id is not None else env.get("JAX_PROCESS_ID")
+    if (count, index) == (None, None) and all(v in env for v in SLURM_STEP_VARS):
+        if address is None:
+            address, where = slurm_coordinator(env)
+        return Cluster(int(env["SLURM_NTASKS"]), int(env["SLURM_PROCID"]), address, env["SLURM_JOB_ID"], where,
+                       flags.coordinator_timeout_s)
     if (address, count, index) != (None, None, None):
         missing = [f for f, v in (("--coordinator-address", address), ("--num-processes", count),
                                   ("--process-id", index)) if v is None]
@@ -202,9 +254,7 @@ def detect_cluster(flags: RunFlags) -> Cluster:
         count, index = int(count), int(index)
         if not 0 <= index < count:
             raise ConfigError(f"--process-id={index} must be in 0..{count - 1} for --num-processes={count}")
-        return Cluster(count, index, address, env.get("SLURM_JOB_ID"))
-    if all(v in env for v in SLURM_STEP_VARS):
-        return Cluster(int(env["SLURM_NTASKS"]), int(env["SLURM_PROCID"]), None, env["SLURM_JOB_ID"])
+        return Cluster(count, index, address, env.get("SLURM_JOB_ID"), where, flags.coordinator_timeout_s)
     if "SLURM_JOB_ID" in env:
         missing = ", ".join(v for v in SLURM_STEP_VARS if v not in env)
         tasks = f"; launch with srun to run all {env['SLURM_NTASKS']} tasks" if int(env.get("SLURM_NTASKS", 1)) > 1 else ""

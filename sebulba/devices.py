@@ -6,6 +6,9 @@ from __future__ import annotations
 
 import contextlib
 import os
+import socket
+import sys
+import threading
 from typing import Any, NamedTuple
 
 import jax
@@ -14,7 +17,7 @@ import numpy as np
 from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
-from sebulba.config import Cluster, ConfigError
+from sebulba.config import Cluster, ConfigError, resolves
 
 HEARTBEAT_TIMEOUT_S = 20  # a process silent this long is dead: jax.distributed ends the others
 MAX_VIRTUAL_CPU_DEVICES = 64  # a typo such as device id 99 must not quietly make a hundred CPU devices
@@ -70,11 +73,7 @@ def setup_devices(actor_device_ids: list[int], learner_device_ids: list[int],
     if cluster.num_processes > 1:
         jax.config.update("jax_cpu_collectives_implementation", "gloo")
         use_orbax_distributed_barriers()
-        explicit = cluster.coordinator_address is not None  # else JAX reads the SLURM step itself
-        # local_device_ids: this process owns every GPU it names (JAX would give one per SLURM task).
-        jax.distributed.initialize(cluster.coordinator_address, cluster.num_processes if explicit else None,
-                                   cluster.process_id if explicit else None, local_device_ids=ids,
-                                   heartbeat_timeout_seconds=HEARTBEAT_TIMEOUT_S)
+        join(cluster, ids)
     devices = jax.local_devices()
     if needed > len(devices) and created and devices[0].platform == "cpu":
         raise ConfigError(f"device id {needed - 1} requested but without an accelerator at most "
@@ -87,6 +86,46 @@ def setup_devices(actor_device_ids: list[int], learner_device_ids: list[int],
     per_process = [jax.local_devices(process_index=p) for p in range(jax.process_count())]
     learners = [local[i] for local in per_process for i in learner_device_ids]
     return [devices[i] for i in actor_device_ids], learners
+
+
+def join(cluster: Cluster, local_device_ids: list[int]):
+    """`jax.distributed.initialize` with a bound: every process reaches process 0's coordinator
+    within `cluster.coordinator_timeout_s` seconds, or ends with one line on stderr naming the
+    address, where it came from and what to check, and exit code 1 (JAX alone would wait 5
+    minutes, then abort with a native stack trace). This process owns every device it names
+    (`local_device_ids`; JAX would give each SLURM task one GPU).
+
+    Raises:
+      ConfigError: the coordinator's address is not host:port, or its host does not resolve here.
+    """
+    address, who = cluster.coordinator_address, f"process {cluster.process_id} of {cluster.num_processes}"
+    host, _, port = address.rpartition(":")
+    if not host or not port.isdigit():
+        raise ConfigError(f"the coordinator address {address!r} ({cluster.coordinator}) must be HOST:PORT")
+    if not resolves(host.strip("[]")):
+        raise ConfigError(f"{who}: the coordinator host {host} ({cluster.coordinator}) does not resolve on "
+                          f"{socket.gethostname()}: check DNS or /etc/hosts on every node, or give "
+                          "--coordinator-address HOST:PORT with a name or address that resolves")
+
+    def give_up():
+        what = ("not every process reached the coordinator it runs" if cluster.process_id == 0
+                else "could not reach the coordinator")
+        print(f"error: {who}: {what} at {address} ({cluster.coordinator}) within {cluster.coordinator_timeout_s:g} s: "
+              f"check that every process started, that {host} is process 0's node and reachable from every node, and "
+              f"that port {port} is open between the nodes (--coordinator-timeout-s waits longer)",
+              file=sys.stderr, flush=True)
+        os._exit(1)  # initialize() does not return, and a native abort would follow
+
+    print(f"{who}: joining the coordinator at {address} ({cluster.coordinator})", flush=True)
+    watchdog = threading.Timer(cluster.coordinator_timeout_s, give_up)
+    watchdog.daemon = True
+    watchdog.start()
+    try:
+        jax.distributed.initialize(address, cluster.num_processes, cluster.process_id,
+                                   local_device_ids=local_device_ids, heartbeat_timeout_seconds=HEARTBEAT_TIMEOUT_S,
+                                   initialization_timeout=int(cluster.coordinator_timeout_s) + 30)
+    finally:
+        watchdog.cancel()
 
 
 class Placement:
