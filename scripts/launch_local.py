@@ -9,8 +9,9 @@ Each process gets the coordinator in its environment: JAX_COORDINATOR_ADDRESS
 --process-id flags are not given. Output lines are prefixed with `[i]`. SIGINT / SIGTERM /
 SIGUSR1 are forwarded to every process. When one process exits non-zero, the others get
 --grace-s seconds to end on their own and are then killed, so the launcher never waits
-forever. Exit code: the first non-zero exit code of a process (128 + N for one killed
-by signal N), else 0.
+forever. Exit code: that of the process that failed first in time (128 + N for one
+killed by signal N), named in one line on stderr (`launch_local: process 1 failed first
+(exit 137, killed by SIGKILL)`), else 0; the others' later failures usually follow from it.
 """
 
 from __future__ import annotations
@@ -29,6 +30,14 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
+
+
+def signal_name(signum: int) -> str:
+    """SIGKILL for 9; `signal 40` for a number without a name (real-time signals)."""
+    try:
+        return signal.Signals(signum).name
+    except ValueError:
+        return f"signal {signum}"
 
 
 def launch(command: list[str], num_processes: int, grace_s: float) -> int:
@@ -56,21 +65,39 @@ def launch(command: list[str], num_processes: int, grace_s: float) -> int:
 
     for s in (signal.SIGINT, signal.SIGTERM, signal.SIGUSR1):
         signal.signal(s, forward)
+    # One waiter per process, so failures are known in the order they happened (a polling loop
+    # would order two failures within one poll by process index).
+    lock, failures = threading.Lock(), []  # process indices, first failure first
+
+    def wait(i: int, proc: subprocess.Popen):
+        if proc.wait() != 0:
+            with lock:
+                failures.append(i)
+
+    waiters = [threading.Thread(target=wait, args=(i, p), daemon=True) for i, p in enumerate(procs)]
+    for t in waiters:
+        t.start()
     failed_at = None
-    while any(p.poll() is None for p in procs):
-        if failed_at is None and any(p.returncode not in (None, 0) for p in procs):
+    while any(t.is_alive() for t in waiters):
+        if failed_at is None and failures:
             failed_at = time.monotonic()
         if failed_at is not None and time.monotonic() - failed_at > grace_s:
             for i, p in enumerate(procs):
-                if p.poll() is None:
-                    print(f"launch_local: process {i} still running {grace_s:.0f}s after another failed; killing it",
+                if p.returncode is None:
+                    print(f"launch_local: process {i} still running {grace_s:g}s after another failed; killing it",
                           file=sys.stderr, flush=True)
                     p.kill()
+            failed_at = float("inf")  # killed once; the waiters see them end
         time.sleep(0.1)
     for t in relays:
         t.join(timeout=5)
-    codes = [128 - p.returncode if p.returncode < 0 else p.returncode for p in procs]  # killed by signal N: 128 + N
-    return next((c for c in codes if c != 0), 0)
+    if not failures:
+        return 0
+    first = procs[failures[0]].returncode
+    code = 128 - first if first < 0 else first  # killed by signal N: 128 + N, as a shell reports it
+    how = f", killed by {signal_name(-first)}" if first < 0 else ""
+    print(f"launch_local: process {failures[0]} failed first (exit {code}{how})", file=sys.stderr, flush=True)
+    return code
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -158,6 +158,56 @@ def test_launch_local_runs_a_save_kill_relaunch_cycle_bit_for_bit(script="ppo_en
     assert alone.returncode == 2 and "written with 2 process(es) (now 1)" in alone.stdout, alone.stdout[-2000:]
 
 
+# Tiny launch_local processes. Process 1 writes its pid and dies by SIGKILL; process 0 waits
+# until the launcher has reaped process 1 (its pid is gone; at most 10 s: the old launcher
+# did not look at process 1 while process 0 ran), then exits 1.
+KILLED_THEN_FAILED = """
+import os, signal, sys, time
+if os.environ["JAX_PROCESS_ID"] == "1":
+    with open("one.tmp", "w") as f:
+        f.write(str(os.getpid()))
+    os.rename("one.tmp", "one.pid")
+    os.kill(os.getpid(), signal.SIGKILL)
+deadline = time.monotonic() + 10
+while not os.path.exists("one.pid") and time.monotonic() < deadline:
+    time.sleep(0.02)
+pid = int(open("one.pid").read())
+while time.monotonic() < deadline:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        break
+    time.sleep(0.02)
+time.sleep(0.3)
+sys.exit(1)
+"""
+# Process 1 exits 2 at once; process 0 would sleep a minute and is killed after --grace-s.
+FAILED_THEN_KILLED = """
+import os, sys, time
+if os.environ["JAX_PROCESS_ID"] == "1":
+    sys.exit(2)
+time.sleep(60)
+"""
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("code, expected, line", [
+    (KILLED_THEN_FAILED, 137, "launch_local: process 1 failed first (exit 137, killed by SIGKILL)"),
+    (FAILED_THEN_KILLED, 2, "launch_local: process 1 failed first (exit 2)"),
+    ("pass", 0, None),
+], ids=["killed-then-failed", "failed-then-killed-after-grace", "both-succeed"])
+def test_launch_local_reports_the_process_that_failed_first(code, expected, line):
+    """The exit code is the first failure in time, not the first by process index (which was
+    process 0's 1, losing the SIGKILL that explains the run's end), and stderr names it."""
+    done = subprocess.run([sys.executable, str(ROOT / "scripts" / "launch_local.py"), "-n", "2", "--grace-s", "0.5",
+                           "--", sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert done.returncode == expected, done.stderr
+    reports = [s for s in done.stderr.splitlines() if "failed first" in s]
+    assert reports == ([line] if line else []), done.stderr
+    if code is FAILED_THEN_KILLED:
+        assert "launch_local: process 0 still running 0.5s after another failed; killing it" in done.stderr
+
+
 @pytest.mark.slow
 def test_a_failure_in_one_process_ends_every_process(script="impala_envpool"):
     port = free_port()
