@@ -5,7 +5,8 @@
 
 Works for runs of sebulba/ppo_envpool.py, sebulba/impala_envpool.py and
 sebulba/ppo_lstm_envpool.py (told apart by their saved flags; an LSTM agent's state starts
-from zeros in each env). Loads RUN_DIR/config.json and the newest checkpoint (or --checkpoint N),
+from zeros in each env, and again after each life loss for a run trained with --episodic-life,
+where training restarted it). Loads RUN_DIR/config.json and the newest checkpoint (or --checkpoint N),
 rebuilds the network, and runs one episode in each of N envs of a fresh pool with the
 training protocol's env settings (Atari: Machado et al. 2018, sticky actions; with no
 life-loss episodes, so an episode is a whole game whatever --episodic-life was in training).
@@ -107,7 +108,8 @@ def evaluate(module, args, agent, spec, params, episodes: int, seed: int, greedy
                 frames[i].append(frame)
 
     policy = make_policy_fn(agent, spec.action_space, greedy=greedy)
-    returns, lengths, _ = run_episodes(envs, policy, params, jax.random.PRNGKey(seed), record=record if recorded else None)
+    returns, lengths, _ = run_episodes(envs, policy, params, jax.random.PRNGKey(seed), record=record if recorded else None,
+                                       episodic_life=args.episodic_life)  # an LSTM restarts where training did
     envs.close()
     result = {"episodes": episodes, "return_mean": float(returns.mean()), "return_std": float(returns.std()),
               "length_mean": float(lengths.mean()), "length_std": float(lengths.std()),

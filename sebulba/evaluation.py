@@ -18,31 +18,42 @@ from sebulba.threads import ParamsSlot, Stopped, timed_put
 EVAL_SEED_OFFSET = 1_000_003  # evaluation pools: an env seed range of their own, far from the training pools'.
 
 
-def run_episodes(envs, policy, params, key, stop=None, record=None):
+def run_episodes(envs, policy, params, key, stop=None, record=None, episodic_life: bool = False):
     """One episode in each env of a synchronous pool (batch = all envs), with `policy` from
-    make_policy_fn (a recurrent one starts every env's state at zeros). Returns (raw returns
-    [N] float64, lengths [N] int64 in env steps, key), in env-id order. `record(running)` is
-    called after the reset and after every step (video); `stop` is checked every step.
+    make_policy_fn. Returns (raw returns [N] float64, lengths [N] int64 in env steps, key), in
+    env-id order. `record(running)` is called after the reset and after every step (video);
+    `stop` is checked every step.
+
+    A recurrent policy's state starts at zeros in every env and restarts where training
+    restarted it: with `episodic_life` (the run trained with --episodic-life; Atari, whose
+    `info` has `lives`), at the observation after each life loss, as the actors do after
+    EnvPool's life-loss termination (its auto-reset observation). The pool itself plays whole
+    games, so the episode goes on.
 
     Raises:
       Stopped: `stop` was set.
     """
     num_envs = envs.config["num_envs"]
     returns, lengths, running = np.zeros(num_envs), np.zeros(num_envs, np.int64), np.ones(num_envs, bool)
-    recurrent = getattr(policy, "recurrent", False)  # a RecurrentPolicy: every env's state from zeros
+    recurrent = getattr(policy, "recurrent", False)  # a RecurrentPolicy: one state per env, from zeros
     state, starts = (policy.zero_state(num_envs), np.ones(num_envs, bool)) if recurrent else (None, None)
-    obs, _ = envs.reset()
+    obs, info = envs.reset()
+    lives = info.get("lives") if recurrent and episodic_life else None  # None: no life-loss restarts
+    lost = np.zeros(num_envs, bool)  # this observation showed a life lost
     if record:
         record(running)
     while running.any():
         if stop is not None and stop.is_set():
             raise Stopped
-        if recurrent:  # one episode per env: no reset after the first step
+        if recurrent:
             action, env_action, _, _, _, state, key = policy(params, obs, state, starts, key)
-            starts[:] = False
         else:
             action, env_action, _, _, key = policy(params, obs, key)
-        obs, reward, terminated, truncated, _ = envs.step(np.asarray(action if env_action is None else env_action))
+        obs, reward, terminated, truncated, info = envs.step(np.asarray(action if env_action is None else env_action))
+        if recurrent:  # the first observation after a life loss starts from zeros; nothing else does
+            starts = lost
+            if lives is not None:
+                lost, lives = info["lives"] < lives, info["lives"]
         returns += np.where(running, reward, 0.0)
         lengths += running
         if record:
@@ -54,19 +65,22 @@ def run_episodes(envs, policy, params, key, stop=None, record=None):
 class Evaluator:
     """`episodes` whole episodes (Atari: whole games, no life-loss episodes) with the training
     protocol's env settings on a pool of its own (one EnvPool thread), one per env, actions
-    sampled from the policy (its mode with `greedy`, --eval-greedy). Returns eval/* metrics: raw
-    episodic return mean and std, mean length in env steps, the share of episodes with a
+    sampled from the policy (its mode with `greedy`, --eval-greedy); `episodic_life`: the run's
+    --episodic-life, where a recurrent state restarts (`run_episodes`). Returns eval/* metrics:
+    raw episodic return mean and std, mean length in env steps, the share of episodes with a
     positive return (MiniGrid's success: the goal reached), seconds taken. `close()` closes
     the pool."""
 
-    def __init__(self, env_id: str, episodes: int, agent, action_space, greedy: bool, seed: int):
+    def __init__(self, env_id: str, episodes: int, agent, action_space, greedy: bool, seed: int,
+                 episodic_life: bool = False):
         self.envs = make_envs(env_id, episodes, episodes, seed, num_threads=1)
         self.policy = make_policy_fn(agent, action_space, greedy=greedy)
-        self.seed, self.key, self.greedy = seed, jax.random.PRNGKey(seed), greedy
+        self.seed, self.key, self.greedy, self.episodic_life = seed, jax.random.PRNGKey(seed), greedy, episodic_life
 
     def __call__(self, params, stop) -> dict[str, float]:
         start = time.perf_counter()
-        returns, lengths, self.key = run_episodes(self.envs, self.policy, params, self.key, stop)
+        returns, lengths, self.key = run_episodes(self.envs, self.policy, params, self.key, stop,
+                                                  episodic_life=self.episodic_life)
         return {"eval/episodic_return_mean": float(returns.mean()), "eval/episodic_return_std": float(returns.std()),
                 "eval/episodic_length_mean": float(lengths.mean()), "eval/success_rate": float(np.mean(returns > 0)),
                 "eval/time_s": time.perf_counter() - start}

@@ -180,7 +180,8 @@ class Run:
         flags = self.flags
         if self.lead and flags.eval_episodes:
             self.make_evaluator = lambda: Evaluator(flags.env_id, flags.eval_episodes, agent, spec.action_space,
-                                                    flags.eval_greedy, flags.seed + EVAL_SEED_OFFSET)
+                                                    flags.eval_greedy, flags.seed + EVAL_SEED_OFFSET,
+                                                    flags.episodic_life)  # where an LSTM's state restarts
 
     def log_eval(self, metrics: dict[str, float], global_step: int, final: bool = False, late: bool = False):
         """eval/* metrics to TensorBoard / W&B at `global_step`, and one console line."""

@@ -15,11 +15,14 @@ import pytest
 from fake_envpool import ScriptedPool
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
+import sebulba.evaluation
 import sebulba.ppo_lstm_envpool as lstm
 from sebulba.config import ConfigError
 from sebulba.devices import Placement
+from sebulba.envs import make_envs
 from sebulba.networks import RunningMoments, make_policy_fn
 from sebulba.rollouts import RolloutAssembler
+from sebulba.runtime import Run
 from sebulba.threads import ParamsSlot
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "scripts"))
@@ -127,6 +130,100 @@ def test_the_learners_replay_equals_acting_so_the_ratio_starts_at_one():
     index = jax.device_put(np.int32(0), state.step.sharding)
     _, metrics = programs["step"](state, batch.rollout.obs, batch.initial_state, data, perm, index)
     assert abs(float(metrics["approx_kl"])) < 1e-6 and float(metrics["clipfrac"]) == 0.0
+
+
+class RecordingPolicy:
+    """A RecurrentPolicy that records the `starts` [B] of every call."""
+
+    recurrent = True
+
+    def __init__(self, policy):
+        self.policy, self.starts = policy, []
+
+    def zero_state(self, n):
+        return self.policy.zero_state(n)
+
+    def __call__(self, params, obs, state, starts, key):
+        self.starts.append(np.array(starts))
+        return self.policy(params, obs, state, starts, key)
+
+
+class RecordingPool:
+    """An EnvPool pool that records the `lives` [B] of the reset and of every step."""
+
+    def __init__(self, envs):
+        self.envs, self.lives = envs, []
+
+    def reset(self):
+        obs, info = self.envs.reset()
+        self.lives.append(info["lives"].copy())
+        return obs, info
+
+    def step(self, action):
+        *out, info = self.envs.step(action)
+        self.lives.append(info["lives"].copy())
+        return *out, info
+
+    def __getattr__(self, name):
+        return getattr(self.envs, name)
+
+
+def test_envpool_ends_a_training_episode_exactly_where_a_life_is_lost():
+    """The premise of evaluation's restarts: with --episodic-life EnvPool terminates the training
+    episode at the observation whose `lives` dropped (the actors restart the state at the next
+    one), and without it the same observation carries on the game."""
+    for episodic_life in (True, False):
+        envs = make_envs("Breakout-v5", 1, 1, 3, 1, episodic_life=episodic_life)
+        _, info = envs.reset()
+        lives, rng, losses = info["lives"], np.random.default_rng(0), 0
+        while True:
+            _, _, terminated, truncated, info = envs.step(rng.integers(0, 18, 1).astype(np.int32))
+            lost = info["lives"] < lives
+            game_over = (terminated & (info["lives"] == 0)) | truncated
+            np.testing.assert_array_equal(terminated, lost if episodic_life else lost & (info["lives"] == 0))
+            losses, lives = losses + int(lost.sum()), info["lives"]
+            if game_over.all():
+                break
+        envs.close()
+        assert losses == 5  # Breakout's five lives
+
+
+@pytest.mark.parametrize("path, episodic_life", [("eval thread and final evaluation", True),
+                                                  ("scripts/evaluate.py", True), ("scripts/evaluate.py", False)])
+def test_evaluation_restarts_the_state_where_training_does(monkeypatch, path, episodic_life):
+    """Breakout-v5, tiny LSTM agent: evaluation plays whole games (lives 5 -> 0), and restarts
+    each env's state at the observation after each life loss exactly when the run trained with
+    --episodic-life (its training episodes were lives); otherwise only at the first observation.
+    Both ways in: the Evaluator that Run.add_evaluator makes (the eval thread's and the final
+    evaluation's) and scripts/evaluate.py's `evaluate`."""
+    args = lstm.Args(env_id="Breakout-v5", channels=(4,), hiddens=(16,), lstm_size=8, local_num_envs=2,
+                     num_actor_threads=1, num_steps=8, num_minibatches=1, total_timesteps=16, episodic_life=episodic_life,
+                     eval_episodes=2, run_name="eval-restarts")
+    agent, spec = lstm.make_agent(args)
+    params = (lstm.init_params(agent, spec, jax.random.PRNGKey(0)), RunningMoments.create(spec.observation_space.shape))
+    policies, pools = [], []
+    module = sebulba.evaluation if path.startswith("eval thread") else evaluate
+    make_policy, make_pool = module.make_policy_fn, module.make_envs
+    monkeypatch.setattr(module, "make_policy_fn", lambda *a, **k: policies.append(RecordingPolicy(make_policy(*a, **k)))
+                        or policies[-1])
+    monkeypatch.setattr(module, "make_envs", lambda *a, **k: pools.append(RecordingPool(make_pool(*a, **k))) or pools[-1])
+    if module is evaluate:
+        result = evaluate.evaluate(lstm, args, agent, spec, params, 2, seed=5, greedy=False)
+    else:
+        run = Run(args, lstm.resolve(args), Path("runs") / "eval-restarts")
+        run.add_evaluator(agent, spec)
+        evaluator = run.make_evaluator()
+        result = evaluator(params, threading.Event())
+        evaluator.close()
+    assert len(result) > 0
+    starts, lives = np.stack(policies[0].starts), np.stack(pools[0].lives)  # [calls, 2], [calls + 1, 2]
+    assert (lives[0] == 5).all() and (lives[-1] == 0).any()  # whole games: every life played
+    lost = np.concatenate([np.zeros((1, 2), bool), lives[1:] < lives[:-1]])  # [calls + 1, 2]: obs t showed a life lost
+    expected = np.concatenate([np.ones((1, 2), bool), lost[:-2] & episodic_life])  # training's: the obs after one
+    np.testing.assert_array_equal(starts, expected)
+    for e in range(2):  # before its game ended (the pool then starts a new one): a restart after each of 4 losses
+        end = int(np.argmax(lives[:, e] == 0))
+        assert starts[1:end + 1, e].sum() == (4 if episodic_life else 0)
 
 
 @pytest.mark.parametrize("change, message", [
