@@ -1,7 +1,9 @@
 """sebulba/ppo_lstm_envpool.py: each env's LSTM state follows its env id through out-of-order
 `recv` batches and restarts exactly at episode starts; the learner's replay of whole env
 sequences equals what the actors computed (the PPO ratio starts at 1), across a rollout
-boundary too; configuration; real runs (CartPole learns; MiniGrid through evaluate.py)."""
+boundary too; with --max-policy-lag 0 a late first row is chosen again with the params trained
+on the last rollout; evaluation restarts the state where training did (--episodic-life on
+Breakout); configuration; real runs (CartPole learns; MiniGrid through evaluate.py)."""
 
 import queue
 import sys
@@ -130,6 +132,80 @@ def test_the_learners_replay_equals_acting_so_the_ratio_starts_at_one():
     index = jax.device_put(np.int32(0), state.step.sharding)
     _, metrics = programs["step"](state, batch.rollout.obs, batch.initial_state, data, perm, index)
     assert abs(float(metrics["approx_kl"])) < 1e-6 and float(metrics["clipfrac"]) == 0.0
+
+
+# --max-policy-lag 0: lockstep batches, each a shuffle of the 4 envs; episode ends around the
+# rollout boundaries (T = 3): env 1 terminates at k = 2; env 2 at k = 3, a late first row
+# that ends an episode; env 3 at k = 5, so its late first row k = 6 starts one; env 0 is
+# truncated at k = 7.
+LOCKSTEP_ENDS = {1: {2: (1.0, True, False, 1)}, 2: {3: (1.0, True, False, 1)}, 3: {5: (1.0, True, False, 1)},
+                 0: {7: (0.0, False, True, 1)}}
+
+
+def perturbed(params, version: int):
+    """Params version `version` of the fake learner: version 0 plus noise (scale 0.3) of its own."""
+    rng = np.random.default_rng(version)
+    return jax.tree.map(lambda x: np.asarray(x) + 0.3 * (version > 0) * rng.standard_normal(x.shape, np.float32), params)
+
+
+@pytest.mark.parametrize("deterministic", [False, True])
+def test_lag_0_rechooses_each_late_first_row_with_the_params_trained_on_the_last_rollout(deterministic):
+    """--max-policy-lag 0 (docs/architecture.md, "Policy lag bound without deadlock"): a fake
+    learner publishes version g + 1 (perturbed params) when it receives rollout g. The row that
+    ends rollout g - 1 is row 0 of rollout g; its action is chosen again with version g once g - 1
+    is handed over, from the same recorded state. So every rollout g was acted on by version g
+    alone: replaying it (all T + 1 rows) with version g from its stored row-0 states gives the
+    stored behaviour log-probs and values, and row 0's action is the one the env received."""
+    agent, params0 = small_agent()
+    rollouts = 3
+    rng = np.random.default_rng(3)
+    batches = [rng.permutation(NUM_ENVS) for _ in range(rollouts * NUM_STEPS + 1)]
+    steps = {e: [LOCKSTEP_ENDS.get(e, {}).get(k, (0.0, False, False, 1)) for k in range(len(batches))]
+             for e in range(NUM_ENVS)}
+    pool = ScriptedPool(batches, NUM_ENVS, steps)
+    device, versions = jax.devices()[0], {v: perturbed(params0, v) for v in range(rollouts + 1)}
+    slot = ParamsSlot(keep=2 if deterministic else 1)  # --deterministic keeps max_policy_lag + 2 versions
+    slot.publish(0, {device: (versions[0], MOMENTS)})
+    q, received, stop = queue.Queue(maxsize=1), [], threading.Event()
+
+    def learner():  # takes rollout v, publishes version v + 1
+        for v in range(rollouts):
+            while not stop.is_set():
+                try:
+                    received.append(q.get(timeout=0.1)[0])
+                    break
+                except queue.Empty:
+                    pass
+            slot.publish(v + 1, {device: (versions[v + 1], MOMENTS)})
+
+    thread = threading.Thread(target=learner, name="fake-learner")
+    thread.start()
+    try:
+        assembler = RolloutAssembler(NUM_ENVS, NUM_STEPS, (3,), np.float32, clip_rewards=False, episodic_life=False)
+        lstm.run_actor(pool, make_policy_fn(agent), device, jax.random.PRNGKey(1), slot, q, assembler, rollouts,
+                       lstm.Args(stall_timeout_s=10, max_policy_lag=0, deterministic=deterministic), NUM_ENVS, stop,
+                       "actor")
+    finally:
+        stop.set()
+        thread.join(timeout=10)
+    assert len(received) == rollouts
+    rechosen, replay = 0, jax.jit(lambda *a: lstm.replay(agent, *a))
+    for g, seq in enumerate(received):
+        r = seq.rollout
+        np.testing.assert_array_equal(r.versions, g)  # rows 0..T: lag 0, row 0 included
+        starts = np.concatenate([np.zeros((1, NUM_ENVS), bool), (r.terminated | r.truncated)[:-1]])
+        policy, values = replay(versions[g], r.obs, seq.initial_state[0], starts, MOMENTS)
+        logprobs = jnp.take_along_axis(jax.nn.log_softmax(policy), r.actions[..., None], axis=-1)[..., 0]
+        np.testing.assert_allclose(logprobs, r.logprobs, atol=1e-5)
+        np.testing.assert_allclose(values, r.values, atol=1e-5)
+        for e in range(NUM_ENVS):  # row 0 = the env's appearance g * T: the action it was sent
+            assert pool.actions_received[e][g * NUM_STEPS] == r.actions[0, e]
+        if g:  # row T of rollout g - 1 keeps the first choice (version g - 1) of the same observation
+            np.testing.assert_array_equal(received[g - 1].rollout.obs[-1], r.obs[0])
+            rechosen += int(np.sum(received[g - 1].rollout.actions[-1] != r.actions[0]))
+            assert not np.allclose(received[g - 1].rollout.logprobs[-1], r.logprobs[0], atol=1e-3)
+    assert rechosen > 0  # some second choice differs from the first: the env got the second
+    assert np.all(received[2].initial_state[0, 3] == 0) and np.any(received[1].initial_state != 0)
 
 
 class RecordingPolicy:
