@@ -11,6 +11,7 @@ scripts themselves):
 import os
 import socket
 import sys
+import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
@@ -28,7 +29,7 @@ if fault == "learner" and process == "1":
         def faulty(*update_args):
             calls.append(1)
             if len(calls) == 2:
-                raise RuntimeError("injected learner fault in process 1")
+                raise RuntimeError(f"injected learner fault in process 1 at {time.time()}")
             return update(*update_args)
 
         faulty.programs = update.programs  # (the memory check compiles them)

@@ -6,6 +6,7 @@ whose learner mesh holds both nodes' learner devices. Slurm's own signals, reque
 states are real; the trainer is sebulba/ppo_envpool.py through tests/slurm_job.py, whose
 fault-injection hook the failure tests switch on. Skipped where Slurm is not installed."""
 
+import datetime
 import json
 import os
 import re
@@ -43,7 +44,8 @@ def cluster(tmp_path_factory):
            "SCRIPT": str(ROOT / "tests" / "slurm_job.py"), "ACTOR_DEVICE_IDS": "0", "LEARNER_DEVICE_IDS": "1 2"}
     for var in ("SLURM_JOB_ID", "SLURM_STEP_NODELIST", "SEBULBA_TEST_FAULT", "JAX_COORDINATOR_ADDRESS"):
         env.pop(var, None)
-    up = subprocess.run([str(ROOT / "scripts" / "slurm" / "local_cluster.sh"), "up", str(directory)], env=env,
+    up = subprocess.run([str(ROOT / "scripts" / "slurm" / "local_cluster.sh"), "up", str(directory)],
+                        env={**env, "CPUS": "4"},
                         capture_output=True, text=True, timeout=90)
     assert up.returncode == 0, up.stdout + up.stderr
     yield env
@@ -76,7 +78,7 @@ def wait_for(condition, timeout_s: float, what: str, job_id, env):
     while not condition():
         if time.monotonic() > deadline:
             subprocess.run(["scancel", job_id], env=env, timeout=30)
-            raise AssertionError(f"{what} not within {timeout_s} s; job {job(env, job_id)}\n{log(job_id)[-4000:]}")
+            raise AssertionError(f"{what} not within {timeout_s} s; job {job(env, job_id)}")
         time.sleep(0.5)
 
 
@@ -91,21 +93,64 @@ def summary(run_name, cwd=".") -> dict:
 
 
 @pytest.fixture(scope="module")
-def uninterrupted(cluster, tmp_path_factory):
-    """(job id, its directory) of the uninterrupted 2-node run the pre-emption test compares with."""
-    directory = tmp_path_factory.mktemp("uninterrupted")
-    job_id = submit(cluster, *FLAGS, cwd=directory)
-    state = ended(cluster, job_id)
-    assert state["JobState"] == "COMPLETED" and state["ExitCode"] == "0:0", log(job_id, directory)[-4000:]
-    return job_id, directory
+def jobs(cluster, tmp_path_factory):
+    """Every job of this module, submitted at once so that they share the cluster (4 CPUs a
+    node; the pre-emption test comes first, to signal its job while it runs): {name: (job id,
+    its directory)}."""
+    specs = {"uninterrupted": (FLAGS, None), "pre-empted": (FLAGS, None),
+             "failing": ([*FLAGS[:-1], "100000"], "learner"),
+             "unresolvable": ([*FLAGS, "--coordinator-address", "no-such-node.invalid:12345"], None),
+             "closed-port": ([*FLAGS, "--coordinator-timeout-s", "15"], "closed-port")}
+    submitted = {}
+    for name, (flags, fault) in specs.items():
+        directory = tmp_path_factory.mktemp(name)
+        submitted[name] = submit(cluster, *flags, fault=fault, cwd=directory), directory
+    yield submitted
+    subprocess.run(["scancel", *(job_id for job_id, _ in submitted.values())], env=cluster, timeout=30)
+
+
+def seconds(state: dict, field: str) -> float:
+    return datetime.datetime.fromisoformat(state[field]).timestamp()
 
 
 @slurm
-def test_a_two_node_job_trains_one_learner_mesh_and_completes(cluster, uninterrupted):
-    job_id, directory = uninterrupted
-    run_dir = directory / "runs" / f"sebulba_{job_id}"
+def test_a_pre_empted_job_checkpoints_requeues_and_resumes_to_the_same_params(cluster, jobs):
+    """USR1 to the batch shell alone (`scancel --signal=USR1 --batch`): every process stops and
+    exits 138 (--deterministic: it resumes from its last periodic checkpoint), the template
+    requeues the job. Then `scontrol requeue` while it runs again (SIGTERM, and Slurm requeues
+    it). Each time the job keeps its id and run name and resumes; the final params equal the
+    uninterrupted run's."""
+    job_id, directory = jobs["pre-empted"]
+    run_name, output = f"sebulba_{job_id}", lambda: log(job_id, directory)
+    wait_for(lambda: "update 6/" in output(), 150, "update 6", job_id, cluster)
+    subprocess.run(["scancel", "--signal=USR1", "--batch", job_id], env=cluster, check=True, timeout=30)
+    wait_for(lambda: "| update 10/" in output().partition("resumed from")[2], 150, "training after the first resume",
+             job_id, cluster)
+    first = output()
+    assert first.count("SIGUSR1: stopping (--deterministic: no new checkpoint)") == 2, first[-4000:]  # both tasks
+    assert "n1: task 0: Exited with exit code 138" in first and "n2: task 1: Exited with exit code 138" in first
+    assert f"stopped before the time limit; requeueing job {job_id}" in first
+    assert f"job {job_id} restart 1 on n[1-2]: run {run_name}" in first
+    subprocess.run(["scontrol", "requeue", job_id], env=cluster, check=True, timeout=30)
+    state = ended(cluster, job_id)
+    final = output()
+    assert state["JobState"] == "COMPLETED" and state["Restarts"] == "2", final[-4000:]
+    assert f"job {job_id} restart 2 on n[1-2]: run {run_name}" in final
+    assert final.count("SIGTERM: stopping") == 2 and final.count("0: resumed from") == 2, final[-4000:]
+    assert summary(run_name, directory)["updates"] == UPDATES
+    reference_id, reference_directory = jobs["uninterrupted"]
+    ended(cluster, reference_id)
+    reference = summary(f"sebulba_{reference_id}", reference_directory)
+    assert summary(run_name, directory)["params_sha256"] == reference["params_sha256"]
+
+
+@slurm
+def test_a_two_node_job_trains_one_learner_mesh_and_completes(cluster, jobs):
+    job_id, directory = jobs["uninterrupted"]
+    state = ended(cluster, job_id)
     output = log(job_id, directory)
-    config = json.loads((run_dir / "config.json").read_text())
+    assert state["JobState"] == "COMPLETED" and state["ExitCode"] == "0:0", output[-4000:]
+    config = json.loads((directory / "runs" / f"sebulba_{job_id}" / "config.json").read_text())
     assert (config["derived"]["num_processes"], config["derived"]["process_id"]) == (2, 0)
     assert config["derived"]["run_name"] == f"sebulba_{job_id}"
     port = int(job_id) % 4096 + 61440  # JAX's port for a SLURM job
@@ -114,65 +159,35 @@ def test_a_two_node_job_trains_one_learner_mesh_and_completes(cluster, uninterru
                "node of SLURM_STEP_NODELIST=n[1-2])" in output, output[-4000:]
     assert "0: run sebulba_" in output and "2 process(es) x 1 actor device(s)" in output
     assert "4 learner device(s) x 4 envs" in output  # one mesh: both nodes' devices 1 and 2
-    assert summary(run_dir.name, directory)["updates"] == UPDATES
+    assert summary(f"sebulba_{job_id}", directory)["updates"] == UPDATES
     completions = (Path(cluster["SLURM_CONF"]).parent / "log" / "jobcomp.txt").read_text()
     assert re.search(rf"JobId={job_id} .*JobState=COMPLETED", completions)
 
 
 @slurm
-def test_a_pre_empted_job_checkpoints_requeues_and_resumes_to_the_same_params(cluster, uninterrupted, tmp_path):
-    """USR1 to the batch shell alone (`scancel --signal=USR1 --batch`): every process checkpoints
-    and exits 138, the template requeues the job. Later `scontrol requeue` while it runs
-    (SIGTERM, then Slurm requeues it). Each time the job keeps its id and run name and resumes;
-    the final --deterministic params equal the uninterrupted run's."""
-    job_id = submit(cluster, *FLAGS)
-    run_name = f"sebulba_{job_id}"
-    wait_for(lambda: "update 6/" in log(job_id), 150, "update 6", job_id, cluster)
-    subprocess.run(["scancel", "--signal=USR1", "--batch", job_id], env=cluster, check=True, timeout=30)
-    wait_for(lambda: "resumed from" in log(job_id), 150, "the resume after SIGUSR1", job_id, cluster)
-    first = log(job_id)
-    assert first.count("SIGUSR1: stopping (--deterministic: no new checkpoint)") == 2, first[-4000:]  # both tasks
-    assert "stopped before the time limit; requeueing job" in first
-    assert f"job {job_id} restart 1 on n[1-2]: run {run_name}" in first
-    wait_for(lambda: log(job_id).count("update 16/") >= 2, 150, "update 16 after the resume", job_id, cluster)
-    subprocess.run(["scontrol", "requeue", job_id], env=cluster, check=True, timeout=30)
-    wait_for(lambda: f"restart 2 on n[1-2]: run {run_name}" in log(job_id), 150, "the requeue", job_id, cluster)
+def test_a_task_that_fails_ends_the_job_as_failed_with_its_traceback(cluster, jobs):
+    job_id, directory = jobs["failing"]
     state = ended(cluster, job_id)
-    output = log(job_id)
-    assert state["JobState"] == "COMPLETED" and state["Restarts"] == "2", output[-4000:]
-    assert output.count("SIGTERM: stopping") == 2 and output.count("resumed from") == 4, output[-4000:]
-    assert summary(run_name)["updates"] == UPDATES
-    reference = summary(f"sebulba_{uninterrupted[0]}", uninterrupted[1])
-    assert summary(run_name)["params_sha256"] == reference["params_sha256"]
-
-
-@slurm
-def test_a_task_that_fails_ends_the_job_as_failed_with_its_traceback(cluster):
-    job_id = submit(cluster, *FLAGS[:-1], "100000", fault="learner")
-    wait_for(lambda: "injected learner fault" in log(job_id), 150, "the fault", job_id, cluster)
-    failed_at = time.monotonic()
-    state = ended(cluster, job_id)
-    assert time.monotonic() - failed_at < 60  # no task waits for the time limit
-    output = log(job_id)
+    output = log(job_id, directory)
     assert state["JobState"] == "FAILED", output[-4000:]
     assert "1: Traceback (most recent call last):" in output and "1: RuntimeError: injected learner fault" in output
-    assert re.search(r"srun: error: n2: task 1: Exited with exit code 1", output), output[-4000:]
-    assert "n1: task 0: Exited with exit code" in output or "n1: task 0: Aborted" in output, output[-4000:]
+    failed_at = float(re.search(r"injected learner fault in process 1 at ([\d.]+)", output).group(1))
+    assert seconds(state, "EndTime") - failed_at < 60  # every task ended, none waited for the time limit
+    assert "n2: task 1: Exited with exit code 1" in output, output[-4000:]
+    assert re.search(r"n1: task 0: (Exited with exit code [1-9]|Aborted)", output), output[-4000:]
 
 
 @slurm
-def test_a_coordinator_that_cannot_be_reached_ends_every_task_within_a_minute(cluster):
-    unresolvable = submit(cluster, *FLAGS, "--coordinator-address", "no-such-node.invalid:12345")
-    closed = submit(cluster, *FLAGS, "--coordinator-timeout-s", "15", fault="closed-port")
-    submitted = time.monotonic()
-    states = ended(cluster, unresolvable), ended(cluster, closed)
-    assert time.monotonic() - submitted < 90
-    assert [s["JobState"] for s in states] == ["FAILED", "FAILED"]
-    output = log(unresolvable)
+def test_a_coordinator_that_cannot_be_reached_ends_every_task_within_a_minute(cluster, jobs):
+    (unresolvable, unresolvable_dir), (closed, closed_dir) = jobs["unresolvable"], jobs["closed-port"]
+    for job_id in (unresolvable, closed):
+        state = ended(cluster, job_id)
+        assert state["JobState"] == "FAILED" and seconds(state, "EndTime") - seconds(state, "StartTime") < 60
+    output = log(unresolvable, unresolvable_dir)
     for task in (0, 1):
         assert (f"{task}: error: process {task} of 2: the coordinator host no-such-node.invalid (--coordinator-address) "
                 "does not resolve on") in output, output[-3000:]
-    output = log(closed)
+    output = log(closed, closed_dir)
     port = int(closed) % 4096 + 61440
     assert (f"1: error: process 1 of 2: could not reach the coordinator at 127.0.0.1:{port} (NodeAddr of n1, the "
             "first node of SLURM_STEP_NODELIST=n[1-2]) within 15 s") in output, output[-3000:]

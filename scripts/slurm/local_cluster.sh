@@ -10,8 +10,9 @@
 # Everything it writes (slurm.conf, the munge key and socket, spool, state, logs, pid files,
 # the job completion log DIR/log/jobcomp.txt) is under DIR. It installs nothing: missing
 # programs are named with the Debian packages that hold them. Run it as root (slurmd starts
-# every job's tasks as the submitting user). Nodes have CPUS (default 2) CPUs each and no GPUs:
-# submit with `sbatch --gpus-per-node=0` (docs/distributed.md). Ports: slurmctld on
+# every job's tasks as the submitting user). Nodes have CPUS (default 2) CPUs each, however many
+# the machine has (they share it anyway), and no GPUs: submit with `sbatch --gpus-per-node=0`
+# (docs/distributed.md). Ports: slurmctld on
 # SLURMCTLD_PORT (default 16817), node i on NODE_PORT_BASE + i (default 17000 + i).
 set -euo pipefail
 
@@ -81,7 +82,7 @@ SlurmUser=root
 AuthType=auth/munge
 CredType=cred/munge
 # cred_expire: a requeued job may start again this many seconds after its end (default 120).
-AuthInfo=socket=$dir/munge/munge.socket,cred_expire=10
+AuthInfo=socket=$dir/munge/munge.socket,cred_expire=5
 StateSaveLocation=$dir/state
 SlurmdSpoolDir=$dir/spool/slurmd-%n
 SlurmctldPidFile=$dir/run/slurmctld.pid
@@ -96,6 +97,8 @@ MpiDefault=none
 JobRequeue=1
 ReturnToService=2
 SchedulerType=sched/builtin
+# Every node is this machine: its CPUs= may exceed the machine's own.
+SlurmdParameters=config_overrides
 KillWait=30
 JobCompType=jobcomp/filetxt
 JobCompLoc=$dir/log/jobcomp.txt
