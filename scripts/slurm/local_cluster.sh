@@ -39,7 +39,8 @@ stop_pidfile() {  # stop the daemon whose pid file this cluster wrote, and wait 
 }
 
 down() {
-    for pidfile in "$dir"/run/slurmd-*.pid; do stop_pidfile "$pidfile"; done
+    for pidfile in "$dir"/run/slurmd-*.pid; do stop_pidfile "$pidfile" & done
+    wait
     stop_pidfile "$dir/run/slurmctld.pid"
     stop_pidfile "$dir/run/munged.pid"
 }
@@ -97,6 +98,8 @@ MpiDefault=none
 JobRequeue=1
 ReturnToService=2
 SchedulerType=sched/builtin
+# Look at pending jobs every 2 s (default 60): a requeued job starts again within seconds.
+SchedulerParameters=sched_interval=2
 # Every node is this machine: its CPUs= may exceed the machine's own.
 SlurmdParameters=config_overrides
 KillWait=30
