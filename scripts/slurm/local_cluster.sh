@@ -17,7 +17,7 @@
 set -euo pipefail
 
 usage() { echo "usage: $0 up DIR [NODES] | down DIR" >&2; exit 2; }
-[ $# -ge 2 ] || usage
+[ $# -ge 2 ] && { [ "$1" = up ] || [ "$1" = down ]; } || usage
 action=$1
 dir=$(mkdir -p "$2" && cd "$2" && pwd)
 nodes=${3:-2}
@@ -53,7 +53,9 @@ up() {
             >/dev/null 2>&1 || missing+=("${program%%:*} (Debian package ${program##*:})")
     done
     if [ ${#missing[@]} -gt 0 ]; then
-        echo "local_cluster.sh: missing ${missing[*]}; install with: apt-get install slurmctld slurmd slurm-client munge" >&2
+        local list
+        list=$(printf '%s, ' "${missing[@]}")
+        echo "local_cluster.sh: missing ${list%, }; install them with: apt-get install slurmctld slurmd slurm-client munge" >&2
         exit 1
     fi
     [ "$(id -u)" -eq 0 ] || { echo "local_cluster.sh: run as root (slurmd starts tasks as the job's user)" >&2; exit 1; }
@@ -126,5 +128,4 @@ EOF
 case "$action" in
     up) up ;;
     down) down; echo "local cluster in $dir stopped" ;;
-    *) usage ;;
 esac
