@@ -4,7 +4,6 @@ shared, so each test runs one script; each script has one two-process smoke test
 
 import json
 import os
-import random
 import signal
 import subprocess
 import sys
@@ -127,15 +126,6 @@ def test_two_processes_with_explicit_coordinator_share_one_learner_mesh(script="
 
 
 @pytest.mark.slow
-def test_two_processes_from_a_slurm_step_environment():  # on the PPO script
-    job = str(random.randint(1, 10**6))
-    slurm = {"SLURM_JOB_ID": job, "SLURM_STEP_NODELIST": "127.0.0.1", "SLURM_NTASKS": "2"}
-    procs = [start([*FLAGS, *TOTAL, "--track"], {**slurm, "SLURM_PROCID": str(i), "SLURM_LOCALID": str(i)})
-             for i in range(2)]
-    check_two_process_run(f"CartPole-v1__ppo_envpool__1__slurm{job}", finish(procs))
-
-
-@pytest.mark.slow
 def test_launch_local_runs_a_save_kill_relaunch_cycle_bit_for_bit(script="ppo_envpool"):
     """Save at update 2, kill both processes, relaunch: both restore exactly the saved
     parameters and the counters continue."""
@@ -239,6 +229,9 @@ def test_a_partial_slurm_environment_runs_as_one_process(monkeypatch, capsys):
         detect_cluster(RunFlags(distributed=True, coordinator_address="h:1", num_processes=2, process_id=2))
     with pytest.raises(ConfigError, match="same --run-name"):
         resolve_run(RunFlags(env_id="CartPole-v1", distributed=True), 16, Cluster(2, 0, "h:1"))
+    # Under SLURM every process names the run after the job (a requeued job keeps its id and resumes).
+    assert resolve_run(RunFlags(env_id="CartPole-v1", distributed=True), 16,
+                       Cluster(2, 1, "h:1", "77")).run_name.endswith("__1__slurm77")
 
 
 def test_global_batch_arithmetic():
