@@ -431,7 +431,7 @@ def main(args: Args) -> dict:
     """
     cluster = detect_cluster(args)
     setup = resolve(args, cluster)
-    run = Run.open(args, setup, cluster)  # devices, resume check, runs/<run_name>/, config.json, the layout line
+    run = Run.open(args, setup, cluster)  # devices, resume check, the layout line; runs/<run_name>/ once checked
     if run.finished:
         return run.summary
     # The learner takes rollouts as they arrive: one queue shared by every actor thread, read
@@ -443,12 +443,12 @@ def main(args: Args) -> dict:
     key, init_key, learner_key, actor_key = jax.random.split(jax.random.PRNGKey(args.seed), 4)
     placement = run.placement  # actor devices; the learner mesh over every process's learner devices
     state, lr_schedule = make_train_state(args, setup, init_params(agent, spec, init_key), placement)
-    state, learner_key = run.resume(state, learner_key)
     update_fn = make_update_fn(args, agent, placement.mesh)
     rollout = rollout_shapes(args.num_steps, setup.num_envs_total, spec, placement.env_sharded)
     check_learner_memory(update_fn.programs["update"].lower(state, rollout).compile(), placement, rollout,
                          2 * setup.num_actor_threads_total * args.local_num_envs,  # filled and queued
                          "lower --local-num-envs or --num-steps (one update takes the whole rollout)")
+    state, learner_key = run.resume(state, learner_key)  # a resumed run: its directory, then its checkpoint
     policy = make_policy_fn(agent, spec.action_space)
     run.params_slot.publish(run.start_update, placement.to_actors((state.params, state.obs_moments)))
 

@@ -55,39 +55,101 @@ def make_normalizer_update(norm_obs: bool, norm_reward: bool, mesh: Mesh):
     return jax.jit(jax.shard_map(refresh, mesh=mesh, in_specs=(P(), P(), P(None, "learner")), out_specs=P()))
 
 
-def check_learner_memory(compiled, placement, rollout: Rollout, host_env_rollouts: int, shrink: str) -> int:
-    """Refuse a run whose learner cannot hold its largest program, before any thread starts.
+# A run may use this share of the memory free where its learner runs; XLA's allocator, the env
+# pools and the transfers need the rest (a default-size Breakout run on a 23 GiB host outgrew 90 %).
+MEMORY_SHARE = 0.8
+
+
+@dataclasses.dataclass(frozen=True)
+class LearnerMemory:
+    """Bytes the learner's largest program needs against the bytes free where it runs.
+
+    `working` and `arguments`: XLA's temporary bytes and the program's arguments, per learner
+    device. `devices`: the learner devices that share `free` (the CPU's virtual devices share
+    the host's memory; an accelerator counts its own). `host_rollouts`: on the CPU, the rollouts
+    the actors hold on the host too (0 on an accelerator). `free`: None when the device does not
+    say.
+    """
+
+    working: int
+    arguments: int
+    devices: int
+    host_rollouts: int
+    free: int | None
+    where: str
+
+    @property
+    def per_device(self) -> int:
+        return self.working + self.arguments
+
+    @property
+    def total(self) -> int:
+        return self.per_device * self.devices + self.host_rollouts
+
+    @property
+    def allowed(self) -> float:
+        return MEMORY_SHARE * self.free if self.free is not None else float("inf")
+
+    @property
+    def fits(self) -> bool:
+        return self.total <= self.allowed
+
+    def describe(self) -> str:
+        """What is needed, of what, against what a run may use and why (when it does not fit)."""
+        parts = f"{gib(self.per_device)} per learner device for its gradient program"
+        if self.devices > 1 or self.host_rollouts:
+            parts = (f"{gib(self.per_device)} for the gradient program on each of {self.devices} learner device(s)"
+                     + (f", {gib(self.host_rollouts)} of rollouts on the host" if self.host_rollouts else ""))
+        return (f"the learner needs {gib(self.total)} ({parts}), more than the {gib(self.allowed)} a run may use: "
+                f"{MEMORY_SHARE * 100:.0f} % of the {gib(self.free)} {self.where} has free (the rest is for XLA's "
+                "allocator, the env pools and the transfers)")
+
+    def refusal(self, remedy: str) -> str:
+        """One line: `describe`, then `remedy`."""
+        return f"{self.describe()}; {remedy}"
+
+
+def gib(nbytes: float) -> str:
+    """'20.3 GiB'."""
+    return f"{nbytes / 2**30:.1f} GiB"
+
+
+def learner_memory(compiled, placement, rollout: Rollout, host_env_rollouts: int) -> LearnerMemory:
+    """What the learner's largest program needs and what is free for it, before any thread starts.
 
     `compiled` is that program, compiled ahead of time for `rollout` (the global batch as
-    ShapeDtypeStructs). Needed per learner device: XLA's working memory plus the arguments. On
-    the CPU backend the virtual devices share the host's available memory (psutil), which must
-    also hold the rollouts the actors keep on the host (`host_env_rollouts` envs' worth: the ones
-    being filled and queued); on an accelerator each device's free bytes (`memory_stats`). A run
-    is refused above 80 % of what is free (XLA's allocator, the env pools and the transfers need the rest;
-    a default-size Breakout run on a 23 GiB host outgrew a 90 % bound). Costs
-    one compile of that program (seconds for a conv net on the CPU; the run's own call then
-    reads it from the compilation cache). Returns the bytes needed per device.
-
-    Raises:
-      ConfigError: one line with both figures and `shrink`, the script's flags that shrink the
-        program (e.g. "lower --local-num-envs or --num-steps").
+    ShapeDtypeStructs). On the CPU backend the virtual devices share the host's available memory
+    (psutil), which must also hold the rollouts the actors keep on the host (`host_env_rollouts`
+    envs' worth: the ones being filled and queued); on an accelerator each device's free bytes
+    (`memory_stats`). Compiling the program costs seconds for a conv net on the CPU; the run's
+    own call then reads it from the compilation cache.
     """
     analysis = compiled.memory_analysis()
-    need = analysis.temp_size_in_bytes + analysis.argument_size_in_bytes
+    working, arguments = analysis.temp_size_in_bytes, analysis.argument_size_in_bytes
     local = [d for d in placement.mesh.devices.flat if d.process_index == jax.process_index()]
     if local[0].platform == "cpu":
         nbytes = sum(np.prod(x.shape) * np.dtype(x.dtype).itemsize for x in jax.tree.leaves(rollout))
         per_env = nbytes / rollout.rewards.shape[1]
-        total, free, where = need * len(local) + host_env_rollouts * per_env, psutil.virtual_memory().available, "the host"
-    else:
-        stats = local[0].memory_stats() or {}
-        if "bytes_limit" not in stats:
-            return need
-        total, free, where = need, stats["bytes_limit"] - stats.get("bytes_in_use", 0), str(local[0])
-    if total > 0.8 * free:
-        raise ConfigError(f"the learner needs {total / 2**30:.1f} GiB ({need / 2**30:.1f} GiB per learner device for its "
-                          f"gradient program) but {where} has {free / 2**30:.1f} GiB free: {shrink}")
-    return need
+        return LearnerMemory(working, arguments, len(local), int(host_env_rollouts * per_env),
+                             psutil.virtual_memory().available, "the host")
+    stats = local[0].memory_stats() or {}
+    free = stats["bytes_limit"] - stats.get("bytes_in_use", 0) if "bytes_limit" in stats else None
+    return LearnerMemory(working, arguments, 1, 0, free, str(local[0]))
+
+
+def check_learner_memory(compiled, placement, rollout: Rollout, host_env_rollouts: int, shrink: str) -> int:
+    """Refuse a run whose learner cannot hold its largest program, before any thread starts: it
+    needs (`learner_memory`) more than MEMORY_SHARE (80 %) of what is free. Returns the bytes
+    needed per learner device.
+
+    Raises:
+      ConfigError: one line with the figures, the rule and `shrink`, the script's flags that
+        shrink the program (e.g. "lower --local-num-envs or --num-steps").
+    """
+    memory = learner_memory(compiled, placement, rollout, host_env_rollouts)
+    if not memory.fits:
+        raise ConfigError(memory.refusal(shrink))
+    return memory.per_device
 
 
 def params_sha256(params) -> str:
@@ -133,7 +195,8 @@ class Bookkeeping:
             return
         meta = dict(update=updates_done, global_step=updates_done * run.setup.batch_size, wandb_id=run.wandb_id,
                     learner_key=host(jax.random.key_data(key)).tolist(), episodes=list(run.episodes),
-                    num_processes=run.setup.num_processes, args=dataclasses.asdict(run.flags))
+                    num_processes=run.setup.num_processes, args=dataclasses.asdict(run.flags),
+                    setup=dataclasses.asdict(run.setup))  # the derived sizes too (a script's choices: PPO's microbatches)
         run.checkpointer.save(updates_done, state, meta)
         run.summary.update(checkpoint=str(run.checkpointer.manager.directory / str(updates_done)))
 

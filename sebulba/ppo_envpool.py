@@ -59,7 +59,7 @@ from sebulba.config import (Cluster, ConfigError, RunFlags, check_network, check
                             resolve_run)
 from sebulba.devices import Placement, host
 from sebulba.envs import has_dict_obs, is_atari, make_spec, recv_batch
-from sebulba.learner import Bookkeeping, LearnerState, check_learner_memory, make_normalizer_update
+from sebulba.learner import Bookkeeping, LearnerState, gib, learner_memory, make_normalizer_update
 from sebulba.networks import (ImpalaEncoder, MiniGridEncoder, MLPEncoder, RunningMoments, entropy, log_prob,
                               make_policy_fn)
 from sebulba.rollouts import Rollout, RolloutAssembler, rollout_shapes, zeros_obs
@@ -86,8 +86,8 @@ class Args(RunFlags):
     """GAE lambda"""
     num_minibatches: int = 4
     """minibatches per epoch on each learner device"""
-    gradient_accumulation_steps: int = 1
-    """microbatches per minibatch gradient, one program each: less working memory (--norm-adv per microbatch)"""
+    gradient_accumulation_steps: int | None = None
+    """microbatches per minibatch gradient, one program each: less memory, the same gradient; None: 1, or the fewest that fit in memory (printed)"""
     update_epochs: int = 4
     """passes over each rollout batch"""
     norm_adv: bool = True
@@ -108,9 +108,10 @@ class Args(RunFlags):
 
 @dataclass(frozen=True)
 class Setup(config.Setup):
-    """Quantities derived once from Args (sebulba/config.py), and PPO's minibatch size."""
+    """Quantities derived once from Args (sebulba/config.py), PPO's minibatch size and microbatches."""
 
     minibatch_size: int = 0  # per learner device
+    gradient_accumulation_steps: int = 1  # the flag's number; for None `main` settles it (fit_gradient_accumulation)
 
 
 def resolve(args: Args, cluster: Cluster = Cluster()) -> Setup:
@@ -119,18 +120,21 @@ def resolve(args: Args, cluster: Cluster = Cluster()) -> Setup:
     Raises:
       ConfigError: one line naming the flag and valid values.
     """
-    check_ranges(args, positive=("num_steps", "num_minibatches", "gradient_accumulation_steps", "update_epochs"),
+    accumulation = args.gradient_accumulation_steps
+    check_ranges(args, positive=("num_steps", "num_minibatches", "update_epochs")
+                 + ("gradient_accumulation_steps",) * (accumulation is not None),
                  above_zero=("learning_rate", "max_grad_norm", "clip_coef"), unit_interval=("gamma", "gae_lambda"),
                  non_negative=("ent_coef", "vf_coef"))
-    check_network(args.env_id, args.channels, args.hiddens)
+    check_network(args.env_id, args.channels, args.hiddens)  # --env-id first
     setup = resolve_run(args, args.num_steps, cluster)
     per_learner = args.num_steps * setup.envs_per_learner
-    chunks = args.num_minibatches * args.gradient_accumulation_steps
-    if per_learner % chunks:
+    if per_learner % (args.num_minibatches * (accumulation or 1)):
+        given = f" x --gradient-accumulation-steps={accumulation}" if accumulation else ""
         raise ConfigError(f"{per_learner} transitions per learner device (num_steps x envs per learner) do not split "
-                          f"into --num-minibatches={args.num_minibatches} x --gradient-accumulation-steps="
-                          f"{args.gradient_accumulation_steps}; choose sizes whose product divides {per_learner}")
-    return Setup(**dataclasses.asdict(setup), minibatch_size=per_learner // args.num_minibatches)
+                          f"into --num-minibatches={args.num_minibatches}{given}; choose sizes whose product divides "
+                          f"{per_learner}")
+    return Setup(**dataclasses.asdict(setup), minibatch_size=per_learner // args.num_minibatches,
+                 gradient_accumulation_steps=accumulation or 1)
 
 
 # ---------------------------------------------------------------------------
@@ -374,11 +378,16 @@ def make_update_fn(args: Args, agent: Agent, mesh: Mesh):
     the ones the actors acted with (the actors receive the new ones with the new params). Then compiled
     `jit(shard_map(...))` pieces: `prepare` (GAE on each device's env slice, rewards scaled
     with --norm-reward; the frames are not copied), `shuffle` (one permutation of transition
-    indices per epoch and device), `gradient` (one microbatch's gradient, its frames gathered
-    from the rollout, `lax.pmean` over devices, added to the minibatch's running mean) and
-    `step` (the minibatch's last microbatch, then one Adam step). Python drives update_epochs x
-    num_minibatches x gradient_accumulation_steps programs; dispatch is asynchronous, so the
-    device runs them back to back. One program per microbatch, so that only one microbatch's
+    indices per epoch and device), `gradient` (one microbatch's share of the minibatch's
+    gradient, its frames gathered from the rollout, `lax.pmean` over devices, added to the
+    minibatch's sum) and `step` (the minibatch's last microbatch, then one Adam step). Python
+    drives update_epochs x num_minibatches x gradient_accumulation_steps programs (None counts
+    as 1 here; `main` settles it first); dispatch is asynchronous, so the device runs them back
+    to back. The microbatches add up to the minibatch's own gradient, not an approximation of
+    it: each microbatch's masked means are weighted by its share of the minibatch's unmasked
+    transitions, and --norm-adv takes its statistics over the whole minibatch (up to float
+    rounding, the same step as --gradient-accumulation-steps 1; the logged losses likewise).
+    One program per microbatch, so that only one microbatch's
     activations exist at a time: unrolled inside one program, XLA kept them all alive (a
     4,096-frame IMPALA-ResNet minibatch: 20.3 GiB of working memory, 18.8 GiB as 16
     microbatches; 1.3 GiB per 256-frame microbatch program). Why not one program with
@@ -390,7 +399,7 @@ def make_update_fn(args: Args, agent: Agent, mesh: Mesh):
     The returned function has `.programs` ({name: jitted program}) for inspection
     (benchmark/memory.py reads their compiled memory).
     """
-    n_mb, n_acc, env_axis = args.num_minibatches, args.gradient_accumulation_steps, P(None, "learner")
+    n_mb, n_acc, env_axis = args.num_minibatches, args.gradient_accumulation_steps or 1, P(None, "learner")
     norm_obs, norm_reward = normalization(args.env_id, args.norm_obs, args.norm_reward)
     refresh_normalizers = make_normalizer_update(norm_obs, norm_reward, mesh)
 
@@ -404,19 +413,31 @@ def make_update_fn(args: Args, agent: Agent, mesh: Mesh):
         return jax.random.permutation(key, data.actions.shape[0]).reshape((n_mb, -1))
 
     def add_gradient(state: LearnerState, grads, obs, data: Minibatch, perm, index, micro):
-        """`grads` plus one microbatch's gradient (averaged over devices, / n_acc), and its metrics."""
+        """`grads` plus one microbatch's share of the minibatch's gradient (averaged over devices), and its metrics."""
         rows = perm[index].reshape((n_acc, -1))[micro]
         # Rows 0..T-1 of the rollout's [T+1, n, ...] observations are transitions 0..T*n-1 when flattened.
         part = jax.tree.map(lambda x: x[rows], data)._replace(
             obs=jax.tree.map(lambda x: x.reshape((-1,) + x.shape[2:])[rows], obs))
+        norm_adv = args.norm_adv
+        if n_acc > 1:  # the minibatch's statistics and weights, from its [M] advantages and mask (no frames)
+            mask = data.mask[perm[index]]
+            weight = jnp.sum(part.mask) / jnp.maximum(jnp.sum(mask), 1.0)  # masked mean of the part -> of the whole
+            if norm_adv:
+                advantages = normalize_advantages(data.advantages[perm[index]], mask)
+                part, norm_adv = part._replace(advantages=advantages.reshape((n_acc, -1))[micro]), False
         # Params are replicated (invariant over "learner"); the gradient of an invariant input
         # would come back already summed over devices. Casting to varying keeps it local, so
         # the pmean below averages it.
         params = jax.lax.pcast(state.params, "learner", to="varying")
         (_, metrics), g = jax.value_and_grad(ppo_loss, has_aux=True)(
             params, lambda p, obs: agent.apply(p, obs, state.obs_moments), part, args.clip_coef, args.ent_coef,
-            args.vf_coef, args.norm_adv)
-        grads = jax.tree.map(lambda acc, g: acc + g / n_acc, grads, jax.lax.pmean(g, "learner"))
+            args.vf_coef, norm_adv)
+        if n_acc == 1:
+            grads = jax.tree.map(lambda acc, g: acc + g, grads, jax.lax.pmean(g, "learner"))
+        else:  # (the update logs the mean over microbatches: weight x n_acc makes it the minibatch's)
+            grads = jax.tree.map(lambda acc, g: acc + g, grads, jax.lax.pmean(jax.tree.map(lambda g: g * weight, g),
+                                                                              "learner"))
+            metrics = jax.tree.map(lambda m: m * weight * n_acc, metrics)
         return grads, jax.tree.map(lambda m: jax.lax.pmean(m, "learner"), metrics)
 
     def step(state: LearnerState, grads, obs, data: Minibatch, perm, index, micro):
@@ -465,13 +486,70 @@ def make_update_fn(args: Args, agent: Agent, mesh: Mesh):
 def compile_gradient_step(update_fn, args: Args, state: LearnerState, rollout: Rollout):
     """The learner's largest program, the one taking one (micro)batch's gradient, compiled ahead
     of time for `rollout` (a Rollout of ShapeDtypeStructs); its memory analysis is what
-    `check_learner_memory` and benchmark/memory.py read."""
+    `fit_gradient_accumulation` (through learner_memory) and benchmark/memory.py read."""
     programs, replicated = update_fn.programs, state.step.sharding
     data = jax.eval_shape(programs["prepare"], state.return_moments, rollout)
     perm = jax.eval_shape(programs["shuffle"], data, jax.ShapeDtypeStruct((2,), np.uint32, sharding=replicated))
     index = jax.ShapeDtypeStruct((), np.int32, sharding=replicated)
-    program = programs["step" if args.gradient_accumulation_steps == 1 else "gradient"]
+    program = programs["step" if (args.gradient_accumulation_steps or 1) == 1 else "gradient"]
     return program.lower(state, state.params, rollout.obs, data, perm, index, index).compile()
+
+
+def fit_gradient_accumulation(args: Args, setup: Setup, agent: Agent, state: LearnerState, rollout: Rollout,
+                              placement: Placement, recorded: int | None = None):
+    """(--gradient-accumulation-steps for this run, its update function), checked against the
+    learner's memory by check_learner_memory's rule (at most 80 % of what is free).
+
+    A number given is taken as it is. None takes `recorded` (the count a resumed run trained
+    with) or 1 when that fits, else the fewest microbatches per minibatch that fit, and says so:
+    the counts that divide the minibatch, from the fewest a linear estimate allows (working
+    memory shrinks with the microbatch; the arguments, the rollout among them, do not), each
+    compiled to check it. The count changes the memory, not the math: the microbatches'
+    gradients add up to the minibatch's (`make_update_fn`). With several processes every one
+    takes the largest count any of them chose.
+
+    Raises:
+      ConfigError: a number given that does not fit (the line names the fewest that does), or
+        no count that fits (lower --local-num-envs or --num-steps).
+    """
+    host_rollouts = 2 * setup.num_actor_threads_total * args.local_num_envs  # filled and queued
+
+    def measure(count: int):
+        counted = dataclasses.replace(args, gradient_accumulation_steps=count)
+        update_fn = make_update_fn(counted, agent, placement.mesh)
+        return update_fn, learner_memory(compile_gradient_step(update_fn, counted, state, rollout), placement, rollout,
+                                         host_rollouts)
+
+    given, minibatch = args.gradient_accumulation_steps, setup.minibatch_size
+    first = given or recorded or 1
+    update_fn, memory = measure(first)
+    count, fitted = first, memory
+    while not fitted.fits:  # the next count from the last one's figures: working memory ~ 1 / count
+        room = (fitted.allowed - fitted.host_rollouts) / fitted.devices - fitted.arguments  # for working memory
+        fewest = fitted.working * count / room if room > 0 else count + 1
+        if room <= 0 and count > 1:  # every count's program takes the rollout and the state (count 1's: the optimiser's too)
+            count = None
+        else:
+            count = next((c for c in range(count + 1, minibatch + 1) if minibatch % c == 0 and c >= fewest), None)
+        if count is None:
+            raise ConfigError(memory.refusal(f"no --gradient-accumulation-steps fits (the rollout and the state take "
+                                             f"{gib(fitted.arguments)} per learner device whatever the microbatch): "
+                                             "lower --local-num-envs or --num-steps"))
+        update_fn, fitted = measure(count)
+    if count != first:
+        choice = (f"{count} microbatches of {minibatch // count} transitions per minibatch, {gib(fitted.total)} in all, "
+                  "the same gradient")
+        if given is not None:
+            raise ConfigError(memory.refusal(f"use --gradient-accumulation-steps {count}, the fewest that fit ({choice}), "
+                                             "or lower --local-num-envs or --num-steps"))
+        if setup.process_id == 0:
+            print(f"--gradient-accumulation-steps None takes {choice}; with {first}, {memory.describe()}", flush=True)
+    if setup.num_processes > 1 and given is None:
+        agreed = placement.agree_max(count)  # the same programs on every process
+        if agreed != count:
+            count, update_fn = agreed, make_update_fn(dataclasses.replace(args, gradient_accumulation_steps=agreed),
+                                                      agent, placement.mesh)
+    return count, update_fn
 
 
 def run_learner(run: Run, state: LearnerState, update_fn, lr_schedule, key):
@@ -519,19 +597,18 @@ def main(args: Args) -> dict:
     """
     cluster = detect_cluster(args)
     setup = resolve(args, cluster)
-    run = Run.open(args, setup, cluster)  # devices, resume check, runs/<run_name>/, config.json, the layout line
+    run = Run.open(args, setup, cluster)  # devices, resume check, the layout line; runs/<run_name>/ once checked
     if run.finished:
         return run.summary
     agent, spec = make_agent(args)
     key, init_key, learner_key, actor_key = jax.random.split(jax.random.PRNGKey(args.seed), 4)
     placement = run.placement  # actor devices; the learner mesh over every process's learner devices
     state, lr_schedule = make_train_state(args, setup, init_params(agent, spec, init_key), placement)
-    state, learner_key = run.resume(state, learner_key)
-    update_fn = make_update_fn(args, agent, placement.mesh)
     rollout = rollout_shapes(args.num_steps, setup.num_envs_total, spec, placement.env_sharded)
-    check_learner_memory(compile_gradient_step(update_fn, args, state, rollout), placement, rollout,
-                         2 * setup.num_actor_threads_total * args.local_num_envs,  # filled and queued
-                         "raise --gradient-accumulation-steps (smaller microbatches), or lower --local-num-envs or --num-steps")
+    recorded = run.meta.get("setup", {}).get("gradient_accumulation_steps") if run.meta is not None else None
+    accumulation, update_fn = fit_gradient_accumulation(args, setup, agent, state, rollout, placement, recorded)
+    run.setup = setup = dataclasses.replace(setup, gradient_accumulation_steps=accumulation)  # into config.json
+    state, learner_key = run.resume(state, learner_key)  # a resumed run: its directory, then its checkpoint
     policy = make_policy_fn(agent, spec.action_space)
     # One bounded queue per actor thread; the learner reads them in thread order.
     run.queues = [queue.Queue(maxsize=1) for _ in range(setup.num_actor_threads_total)]

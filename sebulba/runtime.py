@@ -1,10 +1,11 @@
 """The run around a script's threads: `Run`, what the actor, learner and eval threads of one
 run share, and the steps every script's `main` takes in the same order. `Run.open` starts the
-devices, checks for a checkpoint to resume, writes the run directory and prints the layout;
-`Run.resume` restores the learner state; `Run.actor_pool` gives an actor thread its EnvPool
-pool and rollout assembler; `Run.launch` opens the metric sinks, runs the threads (and the eval
-thread) under the supervisor and the stop signals, and writes the summary; `run_cli` maps the
-outcome to the exit code.
+devices, checks for a checkpoint to resume and prints the layout; `Run.resume` restores the
+learner state; `Run.actor_pool` gives an actor thread its EnvPool pool and rollout assembler;
+`Run.launch` opens the metric sinks, runs the threads (and the eval thread) under the
+supervisor and the stop signals, and writes the summary; `run_cli` maps the outcome to the
+exit code. The run directory is written (`Run.write`) only once the run passed every check:
+at `resume` for a resumed run, at `launch` for a new one.
 """
 
 from __future__ import annotations
@@ -83,8 +84,9 @@ class Run:
     @classmethod
     def open(cls, flags: RunFlags, setup: Setup, cluster: Cluster = Cluster()) -> Run:
         """Start the devices, look for a checkpoint under runs/<run_name>/checkpoints (a finished
-        run returns with `finished` and its summary), then create the run directory, write
-        config.json and print the layout.
+        run returns with `finished` and its summary) and print the layout. Nothing is written yet:
+        a run refused before it starts (the memory check) leaves no directory behind; `write`
+        creates it.
 
         Raises:
           ConfigError: a device id that does not exist, an unreadable or mismatched checkpoint.
@@ -100,31 +102,41 @@ class Run:
         if run.meta is not None and run.meta["update"] >= setup.num_updates:
             run.finished, run.summary = True, run.finished_summary()
             return run
-        run.run_dir.mkdir(parents=True, exist_ok=True)
-        unfinished = incomplete_steps(run.run_dir / "checkpoints")
-        if unfinished and run.lead:  # orbax would list them as steps and refuse to save those steps again
-            for path in set_aside(unfinished):
-                print(f"checkpoint {path.parent}/{path.name.split('.')[0]} was never finished (the process died while "
-                      f"saving it?): set aside as {path.name}; "
-                      + (f"resuming from update {run.meta['update']}" if run.meta else "starting anew"))
-        if unfinished and setup.num_processes > 1:
-            run.placement.agree_max(0)
-        run.checkpointer = Checkpointer(run.run_dir / "checkpoints")
         if run.lead and flags.deterministic and not flags.checkpoint_interval:
             print("warning: --deterministic with --checkpoint-interval 0: a stop signal leaves nothing to resume from")
         if run.lead:
-            (run.run_dir / "config.json").write_text(json.dumps({"args": dataclasses.asdict(flags),
-                                                                 "derived": dataclasses.asdict(setup),
-                                                                 "software": software()}, indent=2))
-            print(layout_line(flags, setup, len(actor_devices), len(learner_devices)))
-            print(f"writing {run.run_dir}/: config.json, TensorBoard events, checkpoints/, summary.json at the end; "
-                  "watch it with: tensorboard --logdir runs", flush=True)
+            print(layout_line(flags, setup, len(actor_devices), len(learner_devices)), flush=True)
         run.wandb_id = uuid.uuid4().hex[:12] if flags.track else None
         if run.meta is not None:
             run.start_update, run.wandb_id = run.meta["update"], run.meta["wandb_id"] or run.wandb_id
             run.episodes.extend(map(tuple, run.meta["episodes"]))
         run.params_slot = ParamsSlot(keep=flags.max_policy_lag + 2 if flags.deterministic else 1)
         return run
+
+    def write(self):
+        """Create runs/<run_name>/ (a resumed run's is there already), set aside unfinished
+        checkpoints, open the checkpointer and write config.json with `setup` as it is now (a
+        script may have settled sizes since `open`). Once: `resume` calls it for a resumed run,
+        `launch` for a new one, after the checks that can refuse it."""
+        if self.checkpointer is not None:
+            return
+        setup, flags = self.setup, self.flags
+        self.run_dir.mkdir(parents=True, exist_ok=True)
+        unfinished = incomplete_steps(self.run_dir / "checkpoints")
+        if unfinished and self.lead:  # orbax would list them as steps and refuse to save those steps again
+            for path in set_aside(unfinished):
+                print(f"checkpoint {path.parent}/{path.name.split('.')[0]} was never finished (the process died while "
+                      f"saving it?): set aside as {path.name}; "
+                      + (f"resuming from update {self.meta['update']}" if self.meta else "starting anew"))
+        if unfinished and setup.num_processes > 1:
+            self.placement.agree_max(0)
+        self.checkpointer = Checkpointer(self.run_dir / "checkpoints")
+        if self.lead:
+            (self.run_dir / "config.json").write_text(json.dumps({"args": dataclasses.asdict(flags),
+                                                                  "derived": dataclasses.asdict(setup),
+                                                                  "software": software()}, indent=2))
+            print(f"writing {self.run_dir}/: config.json, TensorBoard events, checkpoints/, summary.json at the end; "
+                  "watch it with: tensorboard --logdir runs", flush=True)
 
     def finished_summary(self) -> dict:
         meta, flags = self.meta, self.flags
@@ -140,8 +152,9 @@ class Run:
 
     def resume(self, state, learner_key):
         """(state, learner key replicated over the learner mesh): restored from the checkpoint
-        `open` found, or as given for a new run."""
+        `open` found (after `write`), or as given for a new run."""
         if self.meta is not None:
+            self.write()
             state = self.checkpointer.restore_state(self.start_update, state)
             learner_key = np.asarray(self.meta["learner_key"], dtype=np.uint32)
             if self.lead:
@@ -233,6 +246,7 @@ class Run:
         Raises:
           RunFailed: a thread failed (its traceback was printed) or stalled.
         """
+        self.write()  # a new run's directory: it starts now
         setup, flags = self.setup, self.flags
         doing = "stopping (--deterministic: no new checkpoint)" if flags.deterministic else "checkpointing and stopping"
         self.logger = Logger(self.run_dir, self.lead, flags.track, flags.wandb_project_name, flags.wandb_entity,

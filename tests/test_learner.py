@@ -129,31 +129,40 @@ def test_gradients_are_averaged_over_learner_devices_not_summed():
     jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, atol=1e-6), new_params[0], new_params[1])
 
 
-def accumulation_setup(n_acc: int, agent, obs_shape, obs_dtype, num_steps=8, num_envs=4):
+def accumulation_setup(n_acc: int, agent, obs_shape, obs_dtype, num_steps=8, num_envs=4, norm_adv=False, learners=1):
     devices = jax.devices()
-    placement = Placement([devices[0]], devices[1:2])
-    args = Args(num_minibatches=2, update_epochs=2, gradient_accumulation_steps=n_acc, norm_adv=False)
+    placement = Placement([devices[0]], devices[1:1 + learners])
+    args = Args(num_minibatches=2, update_epochs=2, gradient_accumulation_steps=n_acc, norm_adv=norm_adv)
     params = agent.init(jax.random.PRNGKey(0), jnp.zeros((1, *obs_shape), obs_dtype))
     state = jax.device_put(LearnerState.create(apply_fn=None, params=params, **FRESH, tx=optax.sgd(0.1)),
                            placement.replicated)
     return placement, state, make_update_fn(args, agent, placement.mesh)
 
 
-def test_gradient_accumulation_takes_the_same_step():
-    """--gradient-accumulation-steps 4: the mean of 4 microbatch gradients is the minibatch's
-    gradient (advantages not normalised: with --norm-adv each microbatch normalises its own)."""
+@pytest.mark.parametrize("norm_adv", [False, True])
+@pytest.mark.parametrize("learners", [1, 2])
+def test_gradient_accumulation_takes_the_same_step(norm_adv, learners):
+    """--gradient-accumulation-steps 4 takes the step of 1, with --norm-adv and with auto-reset
+    steps masked unevenly over the microbatches (--norm-adv's statistics and the masked means are
+    the minibatch's, not each microbatch's), on one learner device or two; the logged losses too."""
     agent = Agent(num_actions=2, channels=(), hiddens=(8,), atari=False)
+    rng = np.random.default_rng(1)
     rollout = make_rollout(8, 4, 1.0, seed=5)
-    rollout = rollout._replace(values=np.random.default_rng(1).normal(size=rollout.values.shape).astype(np.float32))
+    rollout = rollout._replace(values=rng.normal(size=rollout.values.shape).astype(np.float32),
+                               rewards=rng.normal(size=rollout.rewards.shape).astype(np.float32),
+                               terminated=rng.random(rollout.terminated.shape) < 0.2)  # masks ~1 transition in 5
     results = []
     for n_acc in (1, 4):
-        placement, state, update = accumulation_setup(n_acc, agent, (3,), np.float32)
+        placement, state, update = accumulation_setup(n_acc, agent, (3,), np.float32, norm_adv=norm_adv,
+                                                      learners=learners)
         state, metrics = update(state, placement.to_learners([rollout]), jax.random.PRNGKey(0))
         results.append((jax.device_get(state.params), jax.device_get(metrics)))
     (params_1, metrics_1), (params_4, metrics_4) = results
+    moved = jax.tree.map(lambda a, b: np.abs(a - b).max(), params_1, agent.init(jax.random.PRNGKey(0), jnp.zeros((1, 3))))
+    assert max(jax.tree.leaves(moved)) > 1e-3
     jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, atol=1e-6), params_1, params_4)
-    for name in ("policy_loss", "value_loss", "entropy"):  # means of equal-sized parts: the same mean
-        np.testing.assert_allclose(metrics_1[name], metrics_4[name], rtol=1e-5)
+    for name in ("policy_loss", "value_loss", "entropy", "approx_kl", "clipfrac"):
+        np.testing.assert_allclose(metrics_1[name], metrics_4[name], rtol=1e-5, atol=1e-7)
 
 
 def lowered(setup, program: str, num_minibatches: int, minibatch: int, obs_shape, obs_dtype):
@@ -197,6 +206,10 @@ def test_frames_stay_uint8_until_the_network():
     assert float_frames and max(float_frames) == 64 // 4, float_frames  # one 16-frame microbatch (any layout)
 
 
+LEARNER_FLAGS = dict(env_id="CartPole-v1", total_timesteps=1024, local_num_envs=8, num_steps=16, num_actor_threads=1,
+                     hiddens=(64, 64), eval_episodes=0, learner_device_ids=[1, 2])
+
+
 def test_a_learner_that_cannot_fit_is_refused_before_any_thread(monkeypatch, tmp_path):
     import sebulba.impala_envpool as impala
     import sebulba.learner
@@ -205,22 +218,24 @@ def test_a_learner_that_cannot_fit_is_refused_before_any_thread(monkeypatch, tmp
     import sebulba.threads
     from sebulba.config import ConfigError
 
-    flags = dict(env_id="CartPole-v1", total_timesteps=1024, local_num_envs=8, num_steps=16, num_actor_threads=1,
-                 hiddens=(64, 64), eval_episodes=0, learner_device_ids=[1, 2])
     free = {}
     monkeypatch.setattr(sebulba.learner.psutil, "virtual_memory", lambda: SimpleNamespace(available=free["bytes"]))
     started = []
     monkeypatch.setattr(sebulba.threads.Supervisor, "add", lambda *a, **k: started.append(a))
-    remedies = {ppo: r"raise --gradient-accumulation-steps .*", impala: "", lstm: r"raise --num-minibatches .*"}
+    remedies = {ppo: r"no --gradient-accumulation-steps fits \(the rollout and the state take 0\.0 GiB per learner "
+                     r"device whatever the microbatch\): ",
+                impala: "", lstm: r"raise --num-minibatches .*"}
     for module, remedy in remedies.items():  # each names only flags its script has
         free["bytes"] = 1 << 10  # 1 KiB: less than two devices' programs and the host's rollouts
-        with pytest.raises(ConfigError, match=r"^the learner needs 0\.0 GiB \(0\.0 GiB per learner device for its "
-                                              r"gradient program\) but the host has 0\.0 GiB free: "
-                                              + remedy + r"lower --local-num-envs or --num-steps"):
-            module.main(module.Args(**flags))
-        assert not started and not list(tmp_path.glob("runs/*/checkpoints/*"))
+        with pytest.raises(ConfigError, match=r"^the learner needs 0\.0 GiB \(0\.0 GiB for the gradient program on "
+                                              r"each of 2 learner device\(s\), 0\.0 GiB of rollouts on the host\), "
+                                              r"more than the 0\.0 GiB a run may use: 80 % of the 0\.0 GiB the host "
+                                              r"has free \(the rest is for XLA's allocator, the env pools and the "
+                                              r"transfers\); " + remedy + r"lower --local-num-envs or --num-steps"):
+            module.main(module.Args(**LEARNER_FLAGS))
+        assert not started and not (tmp_path / "runs").exists()  # nothing left behind: no run directory
     # The figure it compares: XLA's working memory and arguments of the gradient program, per device.
-    args = ppo.Args(**flags)
+    args = ppo.Args(**LEARNER_FLAGS)
     setup = ppo.resolve(args)
     agent, spec = ppo.make_agent(args)
     placement = Placement([jax.devices()[0]], jax.devices()[1:3])
@@ -231,6 +246,48 @@ def test_a_learner_that_cannot_fit_is_refused_before_any_thread(monkeypatch, tmp
     free["bytes"] = 1 << 40
     assert sebulba.learner.check_learner_memory(compiled, placement, rollout, 16, "lower x") == (
         analysis.temp_size_in_bytes + analysis.argument_size_in_bytes) > 0
+
+
+def test_gradient_accumulation_none_takes_the_fewest_microbatches_that_fit(monkeypatch, capsys):
+    """--gradient-accumulation-steps None: 1 when it fits, else the fewest that fit, said on the
+    console; a number given that does not fit is refused with the count that does."""
+    import sebulba.learner
+    import sebulba.ppo_envpool as ppo
+    from sebulba.config import ConfigError
+
+    args = ppo.Args(**LEARNER_FLAGS)
+    setup = ppo.resolve(args)
+    agent, spec = ppo.make_agent(args)
+    placement = Placement([jax.devices()[0]], jax.devices()[1:3])
+    state, _ = ppo.make_train_state(args, setup, ppo.init_params(agent, spec, jax.random.PRNGKey(0)), placement)
+    rollout = rollout_shapes(16, 8, spec, placement.env_sharded)
+    free = {"bytes": 1 << 40}
+    monkeypatch.setattr(sebulba.learner.psutil, "virtual_memory", lambda: SimpleNamespace(available=free["bytes"]))
+
+    def total(count):  # what the run needs with `count` microbatches, as the script measures it
+        counted = ppo.Args(**LEARNER_FLAGS, gradient_accumulation_steps=count)
+        compiled = ppo.compile_gradient_step(ppo.make_update_fn(counted, agent, placement.mesh), counted, state, rollout)
+        return sebulba.learner.learner_memory(compiled, placement, rollout, 2 * 8).total
+
+    fit = lambda count: ppo.fit_gradient_accumulation(ppo.Args(**LEARNER_FLAGS, gradient_accumulation_steps=count),
+                                                      setup, agent, state, rollout, placement)[0]
+    assert (fit(None), fit(1)) == (1, 1) and capsys.readouterr().out == ""
+    whole, halves = total(1), total(2)
+    assert halves < whole
+    free["bytes"] = int((whole + halves) / 2 / 0.8)  # 80 % of it lies between the two
+    assert fit(None) == 2
+    assert capsys.readouterr().out == (
+        "--gradient-accumulation-steps None takes 2 microbatches of 8 transitions per minibatch, 0.0 GiB in all, the "
+        "same gradient; "
+        f"with 1, the learner needs {whole / 2**30:.1f} GiB (0.0 GiB for the gradient program on each of 2 learner "
+        "device(s), 0.0 GiB of rollouts on the host), more than the 0.0 GiB a run may use: 80 % of the 0.0 GiB the "
+        "host has free (the rest is for XLA's allocator, the env pools and the transfers)\n")
+    with pytest.raises(ConfigError, match=r"^the learner needs .*; use --gradient-accumulation-steps 2, the fewest that "
+                                          r"fit \(2 microbatches of 8 transitions per minibatch, 0\.0 GiB in all, the "
+                                          r"same gradient\), or lower --local-num-envs or --num-steps$"):
+        fit(1)
+    assert fit(4) == 4  # a number that fits is kept
+    assert ppo.fit_gradient_accumulation(args, setup, agent, state, rollout, placement, recorded=4)[0] == 4
 
 
 @pytest.mark.parametrize("done, latest, line", [

@@ -286,6 +286,29 @@ def test_a_run_started_without_a_name_resumes_with_the_name_it_printed(capsys):
     assert "resumed from" in capsys.readouterr().out and again["updates"] == 4
 
 
+def test_a_resume_refused_for_memory_leaves_the_run_as_it_was_and_keeps_its_microbatches(monkeypatch, capsys):
+    """A run resumed where its learner no longer fits is refused before it writes anything (its
+    directory, config.json and checkpoints stay as they were); resumed where it fits, with
+    --gradient-accumulation-steps None it keeps the count its checkpoint records."""
+    import sebulba.learner
+    flags = [*SMALL["ppo_envpool"], "--num-actor-threads", "1", "--eval-episodes", "0", "--run-name", "kept",
+             "--total-timesteps"]
+    ppo.main(tyro.cli(ppo.Args, args=[*flags, str(8 * 16 * 2)]))
+    files = {p: p.read_bytes() for p in Path("runs/kept").rglob("*") if p.is_file()}
+    real = sebulba.learner.psutil.virtual_memory
+    monkeypatch.setattr(sebulba.learner.psutil, "virtual_memory", lambda: type("Free", (), {"available": 1 << 10}))
+    with pytest.raises(ConfigError, match=r"^the learner needs .* lower --local-num-envs or --num-steps$"):
+        ppo.main(tyro.cli(ppo.Args, args=[*flags, str(8 * 16 * 4)]))
+    assert {p: p.read_bytes() for p in Path("runs/kept").rglob("*") if p.is_file()} == files
+    monkeypatch.setattr(sebulba.learner.psutil, "virtual_memory", real)
+    meta = Path("runs/kept/checkpoints/2/meta/metadata")  # the count the first session settled, as if chosen: 2
+    meta.write_text(meta.read_text().replace('"gradient_accumulation_steps": 1', '"gradient_accumulation_steps": 2'))
+    capsys.readouterr()
+    again = ppo.main(tyro.cli(ppo.Args, args=[*flags, str(8 * 16 * 4)]))
+    assert again["updates"] == 4 and "resumed from" in capsys.readouterr().out
+    assert json.loads(Path("runs/kept/config.json").read_text())["derived"]["gradient_accumulation_steps"] == 2
+
+
 @pytest.mark.parametrize("script", SCRIPTS)
 def test_deterministic_runs_are_bit_identical_and_a_stopped_run_resumes_into_the_same_run(script):
     """Two runs with the same seed and layout, and (PPO: the stop and resume path is shared) a
