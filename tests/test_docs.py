@@ -145,3 +145,14 @@ def test_anchors_are_the_ones_github_makes(tmp_path):
                     "## Results\n## Results\n```\n# not a heading\n```\n## End-to-end ÷ limit: [x](y.md)\n")
     assert github_anchors(page) == {"start-up-and-the-compilation-cache", "--norm-adv-mujoco--box-actions", "results",
                                     "results-1", "end-to-end--limit-x"}
+
+
+def test_the_line_counts_the_pages_give_are_near_the_files():
+    """docs/architecture.md's table and README.md's list say how long each module is (`~640`):
+    within 10 % of `wc -l`."""
+    table = re.findall(r"^\| `(sebulba/\w+\.py)` \| ~(\d+) \|", (ROOT / "docs" / "architecture.md").read_text(), re.M)
+    readme = re.findall(r"`(sebulba/\w+\.py)` \([^)]*?~(\d+) lines", " ".join((ROOT / "README.md").read_text().split()))
+    assert len(table) >= 14 and len(readme) == 3
+    for path, claimed in table + readme:
+        lines = len((ROOT / path).read_text().splitlines())
+        assert abs(lines - int(claimed)) <= 0.1 * lines, f"{path}: ~{claimed} on the page, {lines} lines"
