@@ -527,7 +527,7 @@ def fit_gradient_accumulation(args: Args, setup: Setup, agent: Agent, state: Lea
     while not fitted.fits:  # the next count from the last one's figures: working memory ~ 1 / count
         room = (fitted.allowed - fitted.host_rollouts) / fitted.devices - fitted.arguments  # for working memory
         fewest = fitted.working * count / room if room > 0 else count + 1
-        if room <= 0 and count > 1:  # every count's program takes the rollout and the state (count 1's: the optimiser's too)
+        if room <= 0 and count > 1:  # every count's program takes the rollout and the state (count 1's: Adam's too)
             count = None
         else:
             count = next((c for c in range(count + 1, minibatch + 1) if minibatch % c == 0 and c >= fewest), None)
@@ -537,11 +537,11 @@ def fit_gradient_accumulation(args: Args, setup: Setup, agent: Agent, state: Lea
                                              "lower --local-num-envs or --num-steps"))
         update_fn, fitted = measure(count)
     if count != first:
-        choice = (f"{count} microbatches of {minibatch // count} transitions per minibatch, {gib(fitted.total)} in all, "
-                  "the same gradient")
+        choice = (f"{count} microbatches of {minibatch // count} transitions per minibatch, {gib(fitted.total)} "
+                  "in all, the same gradient")
         if given is not None:
-            raise ConfigError(memory.refusal(f"use --gradient-accumulation-steps {count}, the fewest that fit ({choice}), "
-                                             "or lower --local-num-envs or --num-steps"))
+            raise ConfigError(memory.refusal(f"use --gradient-accumulation-steps {count}, the fewest that fit "
+                                             f"({choice}), or lower --local-num-envs or --num-steps"))
         if setup.process_id == 0:
             print(f"--gradient-accumulation-steps None takes {choice}; with {first}, {memory.describe()}", flush=True)
     if setup.num_processes > 1 and given is None:
