@@ -2,6 +2,7 @@
 through gloo (multi-node Sebulba). Each test starts real processes. The multi-process runtime is
 shared, so each test runs one script; each script has one two-process smoke test."""
 
+import importlib
 import json
 import os
 import signal
@@ -11,7 +12,9 @@ import time
 from pathlib import Path
 
 import pytest
+import tyro
 
+from sebulba.checkpoints import read_resume_meta
 from sebulba.config import Cluster, ConfigError, RunFlags, detect_cluster, resolve_run
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -60,19 +63,6 @@ def restore_state(self, update, like):
     record("restored", f"{update} {sha(state.params)}")
     return state
 Checkpointer.save, Checkpointer.restore_state = save, restore_state
-"""
-ACTOR_FAULT = """
-if pid == "1":
-    real_make = sebulba.runtime.make_envs
-    class Faulty:
-        def __init__(self, pool): self.pool, self.calls = pool, 0
-        def recv(self):
-            self.calls += 1
-            if self.calls == 25:  # inside the 2nd rollout (the 1st needs 17 recvs of half the pool)
-                raise RuntimeError("injected EnvPool fault in process 1")
-            return self.pool.recv()
-        def __getattr__(self, name): return getattr(self.pool, name)
-    sebulba.runtime.make_envs = lambda *a, **k: Faulty(real_make(*a, **k))
 """
 
 
@@ -143,9 +133,9 @@ def test_launch_local_runs_a_save_kill_relaunch_cycle_bit_for_bit(script="ppo_en
     assert "[0] resumed from" in resumed.stdout and "update 2, global step 512" in resumed.stdout
     summary = json.loads(Path("runs/relaunched/summary.json").read_text())
     assert summary["updates"] == UPDATES and summary["global_step"] == 2 * 8 * 16 * UPDATES
-    alone = subprocess.run([*launcher[:3], "1", *launcher[4:], *command(script=script), *flags], env=env, capture_output=True,
-                           text=True, timeout=120)  # the global batch would change: refused
-    assert alone.returncode == 2 and "written with 2 process(es) (now 1)" in alone.stdout, alone.stdout[-2000:]
+    args = tyro.cli(importlib.import_module(f"sebulba.{script}").Args, args=flags)
+    with pytest.raises(ConfigError, match=r"written with 2 process\(es\) \(now 1\)"):  # the global batch would change
+        read_resume_meta(Path("runs/relaunched/checkpoints"), args, num_processes=1)
 
 
 # Tiny launch_local processes. Process 1 writes its pid and dies by SIGKILL; process 0 waits
@@ -196,20 +186,6 @@ def test_launch_local_reports_the_process_that_failed_first(code, expected, line
     assert reports == ([line] if line else []), done.stderr
     if code is FAILED_THEN_KILLED:
         assert "launch_local: process 0 still running 0.5s after another failed; killing it" in done.stderr
-
-
-@pytest.mark.slow
-def test_a_failure_in_one_process_ends_every_process(script="impala_envpool"):
-    port = free_port()
-    start_time = time.monotonic()
-    procs = [start([*FLAGS, "--total-timesteps", "100000", "--run-name", "fault", "--coordinator-address",
-                    f"127.0.0.1:{port}", "--num-processes", "2", "--process-id", str(i)], {}, ACTOR_FAULT, script)
-             for i in range(2)]
-    outputs = finish(procs, timeout=180)
-    seconds = time.monotonic() - start_time
-    assert outputs[1][0] == 1 and "RuntimeError: injected EnvPool fault in process 1" in outputs[1][1]
-    assert outputs[0][0] != 0, outputs[0][1][-3000:]  # process 0 did not wait forever for process 1
-    assert seconds < 120
 
 
 def test_a_partial_slurm_environment_runs_as_one_process(monkeypatch, capsys):
