@@ -210,6 +210,18 @@ LEARNER_FLAGS = dict(env_id="CartPole-v1", total_timesteps=1024, local_num_envs=
                      hiddens=(64, 64), eval_episodes=0, learner_device_ids=[1, 2])
 
 
+def small_learner():
+    """(args, setup, agent, placement, state, rollout shapes) of PPO at LEARNER_FLAGS' sizes on learner devices 1, 2."""
+    import sebulba.ppo_envpool as ppo
+
+    args = ppo.Args(**LEARNER_FLAGS)
+    setup = ppo.resolve(args)
+    agent, spec = ppo.make_agent(args)
+    placement = Placement([jax.devices()[0]], jax.devices()[1:3])
+    state, _ = ppo.make_train_state(args, setup, ppo.init_params(agent, spec, jax.random.PRNGKey(0)), placement)
+    return args, setup, agent, placement, state, rollout_shapes(16, 8, spec, placement.env_sharded)
+
+
 def test_a_learner_that_cannot_fit_is_refused_before_any_thread(monkeypatch, tmp_path):
     import sebulba.impala_envpool as impala
     import sebulba.learner
@@ -235,12 +247,7 @@ def test_a_learner_that_cannot_fit_is_refused_before_any_thread(monkeypatch, tmp
             module.main(module.Args(**LEARNER_FLAGS))
         assert not started and not (tmp_path / "runs").exists()  # nothing left behind: no run directory
     # The figure it compares: XLA's working memory and arguments of the gradient program, per device.
-    args = ppo.Args(**LEARNER_FLAGS)
-    setup = ppo.resolve(args)
-    agent, spec = ppo.make_agent(args)
-    placement = Placement([jax.devices()[0]], jax.devices()[1:3])
-    state, _ = ppo.make_train_state(args, setup, ppo.init_params(agent, spec, jax.random.PRNGKey(0)), placement)
-    rollout = rollout_shapes(16, 8, spec, placement.env_sharded)
+    args, setup, agent, placement, state, rollout = small_learner()
     compiled = ppo.compile_gradient_step(ppo.make_update_fn(args, agent, placement.mesh), args, state, rollout)
     analysis = compiled.memory_analysis()
     free["bytes"] = 1 << 40
@@ -255,12 +262,7 @@ def test_gradient_accumulation_none_takes_the_fewest_microbatches_that_fit(monke
     import sebulba.ppo_envpool as ppo
     from sebulba.config import ConfigError
 
-    args = ppo.Args(**LEARNER_FLAGS)
-    setup = ppo.resolve(args)
-    agent, spec = ppo.make_agent(args)
-    placement = Placement([jax.devices()[0]], jax.devices()[1:3])
-    state, _ = ppo.make_train_state(args, setup, ppo.init_params(agent, spec, jax.random.PRNGKey(0)), placement)
-    rollout = rollout_shapes(16, 8, spec, placement.env_sharded)
+    args, setup, agent, placement, state, rollout = small_learner()
     free = {"bytes": 1 << 40}
     monkeypatch.setattr(sebulba.learner.psutil, "virtual_memory", lambda: SimpleNamespace(available=free["bytes"]))
 
