@@ -164,26 +164,65 @@ def init_params(agent: Agent, spec, key):
     return agent.init(key, zeros_obs(spec.observation_space, 1), np.zeros((1, 2, agent.lstm_size), np.float32), moments)
 
 
+def lstm_kernels(lstm_params):
+    """flax OptimizedLSTMCell's params (`Agent.lstm`) as (W_i [F, 4H], W_h [H, 4H], bias [4H]),
+    each gate's block in its order i, f, g, o (flax adds the bias on the hidden side; the sum is
+    the same). The layout stays flax's: checkpoints and the actors' cell (`Agent.core`) use it."""
+    def cat(name, kind):
+        return jnp.concatenate([lstm_params[f"{name}{g}"][kind] for g in "ifgo"], axis=-1)
+    return cat("i", "kernel"), cat("h", "kernel"), cat("h", "bias")
+
+
+def lstm_cell(c, h, x_gates, w_h):
+    """One step of flax's OptimizedLSTMCell (Hochreiter & Schmidhuber 1997, with Gers et al.
+    2000's forget gate) given the input's share of the gate pre-activations: z = x_gates +
+    split(h W_h) per gate; i, f, o = sigmoid(z_i, z_f, z_o); g = tanh(z_g); c' = f c + i g;
+    h' = o tanh(c').
+
+    c, h [b, H] float32; x_gates (x_i, x_f, x_g, x_o) [b, H] each, x W_i + bias, computed for
+    every row before the time loop (`replay`); w_h [H, 4H]. Returns (c', h', (i, f, g, o,
+    tanh c')).
+    """
+    z_i, z_f, z_g, z_o = jnp.split(h @ w_h, 4, axis=-1)
+    i, f, o = jax.nn.sigmoid(z_i + x_gates[0]), jax.nn.sigmoid(z_f + x_gates[1]), jax.nn.sigmoid(z_o + x_gates[3])
+    g = jnp.tanh(z_g + x_gates[2])
+    c = f * c + i * g
+    tanh_c = jnp.tanh(c)
+    return c, o * tanh_c, (i, f, g, o, tanh_c)
+
+
+def lstm_sequence(x_gates, starts, c, h, w_h):
+    """`lstm_cell` over T steps from the state (c, h) [b, H], restarting from zeros at each row
+    of `starts` [T, b] bool; x_gates 4 x [T, b, H]. Returns h_t [T, b, H] float32."""
+    def step(carry, inputs):
+        x, start = inputs
+        c, h = (jnp.where(start[:, None], 0.0, s) for s in carry)  # the row begins a training episode: zeros
+        c_next, h_next, _ = lstm_cell(c, h, x, w_h)
+        return (c_next, h_next), h_next
+
+    return jax.lax.scan(step, (c, h), (x_gates, starts))[1]
+
+
 def replay(agent: Agent, params, obs, state, starts, obs_moments: RunningMoments):
     """The policy and values of whole env sequences, as the actors computed them.
 
     obs [T, b, *obs] (or a dict of such), `state` [b, 2, H]: each sequence's LSTM state at row
     0, as the actor used it; `starts` [T, b] bool: rows whose observation begins a training
-    episode, where the state restarts from zeros (row 0's is already in `state`). The encoder
-    runs on all T x b observations in one batch and only the LSTM is scanned over time: on
-    XLA:CPU a conv-net gradient inside `lax.scan` is 10-20x slower (docs/performance.md).
+    episode, where the state restarts from zeros (row 0's is already in `state`). What does
+    not depend on the previous step runs on all T x b rows at once, outside the time loop: the
+    encoder (on XLA:CPU a conv-net gradient inside `lax.scan` is 10-20x slower,
+    docs/performance.md), the LSTM's input projection x W_i + bias (one [T b, F] x [F, 4H]
+    matmul) and the heads; `lstm_sequence` scans only h W_h and the gates.
     Returns (policy [T, b, ...], values [T, b]).
     """
     t, b = starts.shape
     flat = jax.tree.map(lambda x: x.reshape((t * b,) + x.shape[2:]), obs)
-    features = agent.apply(params, flat, obs_moments, method=Agent.encode).reshape((t, b, -1))
-
-    def step(carry, inputs):
-        x, start = inputs
-        return agent.apply(params, jnp.where(start[:, None, None], 0.0, carry), x, method=Agent.core)
-
-    _, outputs = jax.lax.scan(step, state, (features, starts))
-    policy, values = agent.apply(params, outputs.reshape((t * b, -1)), method=Agent.heads)
+    features = agent.apply(params, flat, obs_moments, method=Agent.encode)
+    w_i, w_h, bias = lstm_kernels(params["params"]["lstm"])
+    # Four arrays, not one [T, b, 4H] sliced per gate in the loop (XLA:CPU ran that forward 1.5x slower).
+    x_gates = tuple(x.reshape((t, b, -1)) for x in jnp.split(features @ w_i + bias, 4, axis=-1))
+    hs = lstm_sequence(x_gates, starts, state[:, 0], state[:, 1], w_h)
+    policy, values = agent.apply(params, hs.reshape((t * b, -1)), method=Agent.heads)
     return jax.tree.map(lambda x: x.reshape((t, b) + x.shape[1:]), policy), values.reshape((t, b))
 
 

@@ -10,6 +10,7 @@ import sys
 import threading
 from pathlib import Path
 
+import flax.linen as nn
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -132,6 +133,67 @@ def test_the_learners_replay_equals_acting_so_the_ratio_starts_at_one():
     index = jax.device_put(np.int32(0), state.step.sharding)
     _, metrics = programs["step"](state, batch.rollout.obs, batch.initial_state, data, perm, index)
     assert abs(float(metrics["approx_kl"])) < 1e-6 and float(metrics["clipfrac"]) == 0.0
+
+
+def test_the_hand_written_cell_is_flaxs_optimized_lstm_cell():
+    """`lstm_cell` on `lstm_kernels` of an OptimizedLSTMCell's params (random, with a non-zero
+    bias), fed x W_i + bias, steps random (c, h) exactly as flax's cell does, 5 steps chained,
+    to float32 rounding; and the params it reads are flax's own names (checkpoints load as they are)."""
+    features, size, rows = 6, 8, 5
+    cell = nn.OptimizedLSTMCell(size, bias_init=nn.initializers.normal(0.5))
+    rng = np.random.default_rng(0)
+    c, h = (jnp.asarray(rng.standard_normal((rows, size)), jnp.float32) for _ in range(2))
+    xs = jnp.asarray(rng.standard_normal((5, rows, features)), jnp.float32)
+    params = cell.init(jax.random.PRNGKey(3), (c, h), xs[0])["params"]
+    assert sorted(params) == sorted(f"{kind}{g}" for kind in "ih" for g in "ifgo")
+    w_i, w_h, bias = lstm.lstm_kernels(params)
+    assert w_i.shape == (features, 4 * size) and w_h.shape == (size, 4 * size) and float(jnp.abs(bias).min()) > 0
+    ours, theirs = (c, h), (c, h)
+    for x in xs:
+        theirs, out = cell.apply({"params": params}, theirs, x)
+        *ours, _ = lstm.lstm_cell(*ours, jnp.split(x @ w_i + bias, 4, axis=-1), w_h)
+        np.testing.assert_allclose(ours[0], theirs[0], rtol=1e-6, atol=1e-6)
+        np.testing.assert_allclose(ours[1], theirs[1], rtol=1e-6, atol=1e-6)
+        np.testing.assert_array_equal(out, theirs[1])
+
+
+def step_by_step_replay(agent, params, obs, state, starts):
+    """The replay as the actors compute it: the whole Agent (encoder, flax's cell, heads) one row at a time."""
+    def step(carry, inputs):
+        o, start = inputs
+        policy, value, new = agent.apply(params, o, jnp.where(start[:, None, None], 0.0, carry), MOMENTS)
+        return new, (policy, value)
+
+    return jax.lax.scan(step, state, (obs, starts))[1]
+
+
+def test_the_hoisted_replay_and_its_gradient_equal_the_step_by_step_replay():
+    """`replay` (the input projection on all rows at once, then `lstm_sequence`'s scan) gives the step-by-step replay's policy and values and the same
+    gradient of a loss of both, for every parameter: 12 rows of 5 envs from random states,
+    restarting at random rows (rows 0 and 1 of env 0, two in a row for env 4)."""
+    agent = lstm.Agent(num_actions=3, channels=(), hiddens=(8,), atari=False, lstm_size=6)
+    params = agent.init(jax.random.PRNGKey(0), jnp.zeros((1, 3)), jnp.zeros((1, 2, 6)), MOMENTS)
+    params = jax.tree.map(lambda x: x + 0.3 * jax.random.normal(jax.random.PRNGKey(x.size), x.shape), params)
+    rng = np.random.default_rng(1)
+    obs = jnp.asarray(rng.standard_normal((12, 5, 3)), jnp.float32)
+    state = jnp.asarray(rng.standard_normal((5, 2, 6)), jnp.float32)
+    starts = rng.random((12, 5)) < 0.25
+    starts[:2, 0], starts[5:7, 4] = True, True
+    weights = jnp.asarray(rng.standard_normal((12, 5, 3)), jnp.float32)
+
+    def loss(replayed):
+        policy, values = replayed
+        return jnp.sum(jax.nn.log_softmax(policy) * weights) + jnp.sum(jnp.sin(values))
+
+    ours = lstm.replay(agent, params, obs, state, jnp.asarray(starts), MOMENTS)
+    theirs = step_by_step_replay(agent, params, obs, state, jnp.asarray(starts))
+    np.testing.assert_allclose(ours[0], theirs[0], rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(ours[1], theirs[1], rtol=1e-5, atol=1e-5)
+    grads = jax.grad(lambda p: loss(lstm.replay(agent, p, obs, state, jnp.asarray(starts), MOMENTS)))(params)
+    reference = jax.grad(lambda p: loss(step_by_step_replay(agent, p, obs, state, jnp.asarray(starts))))(params)
+    for (path, g), r in zip(jax.tree_util.tree_leaves_with_path(grads), jax.tree.leaves(reference)):
+        assert float(jnp.abs(r).max()) > 1e-3, jax.tree_util.keystr(path)  # every parameter gets a gradient
+        np.testing.assert_allclose(g, r, rtol=1e-4, atol=1e-5, err_msg=jax.tree_util.keystr(path))
 
 
 # --max-policy-lag 0: lockstep batches, each a shuffle of the 4 envs; episode ends around the
