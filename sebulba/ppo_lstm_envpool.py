@@ -181,7 +181,7 @@ def lstm_cell(c, h, x_gates, w_h):
 
     c, h [b, H] float32; x_gates (x_i, x_f, x_g, x_o) [b, H] each, x W_i + bias, computed for
     every row before the time loop (`replay`); w_h [H, 4H]. Returns (c', h', (i, f, g, o,
-    tanh c')).
+    tanh c')), the activations `lstm_sequence`'s backward pass reads.
     """
     z_i, z_f, z_g, z_o = jnp.split(h @ w_h, 4, axis=-1)
     i, f, o = jax.nn.sigmoid(z_i + x_gates[0]), jax.nn.sigmoid(z_f + x_gates[1]), jax.nn.sigmoid(z_o + x_gates[3])
@@ -191,16 +191,51 @@ def lstm_cell(c, h, x_gates, w_h):
     return c, o * tanh_c, (i, f, g, o, tanh_c)
 
 
-def lstm_sequence(x_gates, starts, c, h, w_h):
-    """`lstm_cell` over T steps from the state (c, h) [b, H], restarting from zeros at each row
-    of `starts` [T, b] bool; x_gates 4 x [T, b, H]. Returns h_t [T, b, H] float32."""
+def _lstm_forward(x_gates, starts, c, h, w_h):  # -> (h_t [T, b, H], what each step started from and computed)
     def step(carry, inputs):
         x, start = inputs
         c, h = (jnp.where(start[:, None], 0.0, s) for s in carry)  # the row begins a training episode: zeros
-        c_next, h_next, _ = lstm_cell(c, h, x, w_h)
-        return (c_next, h_next), h_next
+        c_next, h_next, activations = lstm_cell(c, h, x, w_h)
+        return (c_next, h_next), (h_next, (c, h, activations))
 
-    return jax.lax.scan(step, (c, h), (x_gates, starts))[1]
+    _, (hs, saved) = jax.lax.scan(step, (c, h), (x_gates, starts))
+    return hs, (saved, starts, w_h)
+
+
+@jax.custom_vjp
+def lstm_sequence(x_gates, starts, c, h, w_h):
+    """`lstm_cell` over T steps from the state (c, h) [b, H], restarting from zeros at each row
+    of `starts` [T, b] bool; x_gates 4 x [T, b, H]. Returns h_t [T, b, H] float32.
+
+    The gradient is backpropagation through time written out (`_lstm_backward`): the scan back
+    in time carries (dc, dh) and emits the gate cotangents dz_t; W_h's gradient sum_t h_{t-1}^T
+    dz_t is then one [H, T b] x [T b, 4H] matmul, where autodiff of the scan added an [H, b] x
+    [b, 4H] product inside every step (tested equal; docs/ppo_lstm_envpool.md has the timings).
+    """
+    return _lstm_forward(x_gates, starts, c, h, w_h)[0]
+
+
+def _lstm_backward(residuals, d_hs):
+    (c_in, h_in, activations), starts, w_h = residuals  # c_in, h_in: the state each step started from
+    w_h_t = w_h.T  # [4H, H] once: written inside the step, XLA:CPU transposed it at every step
+
+    def step(carry, inputs):
+        dc, dh = carry  # cotangents of the state step t produced
+        d_out, start, c, (i, f, g, o, tanh_c) = inputs
+        dh = dh + d_out
+        dc = dc + dh * o * (1.0 - tanh_c * tanh_c)
+        dz = jnp.concatenate([dc * g * i * (1.0 - i), dc * c * f * (1.0 - f), dc * i * (1.0 - g * g),
+                              dh * tanh_c * o * (1.0 - o)], axis=-1)  # [b, 4H]: of the pre-activations
+        return (jnp.where(start[:, None], 0.0, dc * f), jnp.where(start[:, None], 0.0, dz @ w_h_t)), dz
+
+    zeros = jnp.zeros_like(d_hs[0])
+    (dc, dh), dz = jax.lax.scan(step, (zeros, zeros), (d_hs, starts, c_in, activations), reverse=True)
+    t, b, size = h_in.shape
+    d_w_h = h_in.reshape((t * b, size)).T @ dz.reshape((t * b, -1))
+    return tuple(jnp.split(dz, 4, axis=-1)), np.zeros(starts.shape, jax.dtypes.float0), dc, dh, d_w_h
+
+
+lstm_sequence.defvjp(_lstm_forward, _lstm_backward)
 
 
 def replay(agent: Agent, params, obs, state, starts, obs_moments: RunningMoments):

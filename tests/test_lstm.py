@@ -168,7 +168,8 @@ def step_by_step_replay(agent, params, obs, state, starts):
 
 
 def test_the_hoisted_replay_and_its_gradient_equal_the_step_by_step_replay():
-    """`replay` (the input projection on all rows at once, then `lstm_sequence`'s scan) gives the step-by-step replay's policy and values and the same
+    """`replay` (the input projection on all rows at once, `lstm_sequence`'s scan and its
+    written-out backward pass) gives the step-by-step replay's policy and values and the same
     gradient of a loss of both, for every parameter: 12 rows of 5 envs from random states,
     restarting at random rows (rows 0 and 1 of env 0, two in a row for env 4)."""
     agent = lstm.Agent(num_actions=3, channels=(), hiddens=(8,), atari=False, lstm_size=6)
