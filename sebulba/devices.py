@@ -117,9 +117,10 @@ def join(cluster: Cluster, local_device_ids: list[int]):
         os._exit(1)  # initialize() does not return, and a native abort would follow
 
     print(f"{who}: joining the coordinator at {address} ({cluster.coordinator})", flush=True)
-    # JAX's preemption service catches SIGTERM from here on and only logs it ("SIGTERM caught"):
-    # until StopSignals is installed, a requeue (scontrol requeue, pre-emption) would go unheard and
-    # the job would train on until SIGKILL. The run votes on stop signals itself (Run.stop_requested).
+    # Off: JAX's preemption service would catch SIGTERM from initialize() on and only log it ("SIGTERM
+    # caught"), so until StopSignals is installed a requeue (scontrol requeue, pre-emption) would go
+    # unheard and the job would train on until SIGKILL. The run votes on stop signals itself
+    # (Run.stop_requested).
     jax.config.update("jax_enable_preemption_service", False)
     watchdog = threading.Timer(cluster.coordinator_timeout_s, give_up)
     watchdog.daemon = True
