@@ -3,10 +3,12 @@
     python scripts/evaluate.py runs/CartPole-v1__ppo_envpool__1__1733000000
     python scripts/evaluate.py RUN_DIR --episodes 32 --greedy --seed 7 --json
 
-Works for runs of sebulba/ppo_envpool.py, sebulba/impala_envpool.py and
-sebulba/ppo_lstm_envpool.py (told apart by their saved flags; an LSTM agent's state starts
-from zeros in each env, and again after each life loss for a run trained with --episodic-life,
-where training restarted it). Loads RUN_DIR/config.json and the newest checkpoint (or --checkpoint N),
+Works for runs of any sebulba script with `Args`, `make_agent`, `init_params`, `resolve` and
+`make_train_state` (sebulba/ppo_envpool.py, sebulba/impala_envpool.py, sebulba/ppo_lstm_envpool.py):
+the script is the module that RUN_DIR/config.json names under "script" (runs written before it
+had one: told apart by their saved flags). An LSTM agent's state starts from zeros in each env,
+and again after each life loss for a run trained with --episodic-life, where training restarted
+it. Loads RUN_DIR/config.json and the newest checkpoint (or --checkpoint N), imports that script,
 rebuilds the network, and runs one episode in each of N envs of a fresh pool with the
 training protocol's env settings (Atari: Machado et al. 2018, sticky actions; with no
 life-loss episodes, so an episode is a whole game whatever --episodic-life was in training).
@@ -17,7 +19,7 @@ checkpoint when the run used --norm-obs. Prints the mean ±
 standard deviation of the raw (unclipped) return and of the length in env steps (Atari:
 frames = 4x), or a JSON object with --json. --video [PATH] writes the first --video-episodes
 episodes as one mp4 (EnvPool's rgb_array frames; imageio with ffmpeg). A run directory without a config or the named
-checkpoint ends with one line saying what is there, exit status 1.
+checkpoint, or whose script cannot be imported, ends with one line saying what is there, exit status 1.
 """
 
 from __future__ import annotations
@@ -53,17 +55,25 @@ def load(run_dir: Path, checkpoint: int | None):
     learner state's layout; the rest is the shared runtime's.
 
     Raises:
-      SystemExit: no config.json, no checkpoint, or a checkpoint number that does not exist.
+      SystemExit: no config.json, a script in it that cannot be imported, no checkpoint, or a
+        checkpoint number that does not exist.
     """
     config = run_dir / "config.json"
     if not run_dir.is_dir():
         raise SystemExit(f"{run_dir} is not a directory: give a run directory such as runs/<run name>")
     if not config.exists():
         raise SystemExit(f"{run_dir} has no config.json: give a run directory written by a sebulba script")
-    saved = json.loads(config.read_text())["args"]
-    # The script that wrote the run, told apart by the flags only it has.
-    module = importlib.import_module("sebulba.impala_envpool" if "rho_clip" in saved else
-                                     "sebulba.ppo_lstm_envpool" if "lstm_size" in saved else "sebulba.ppo_envpool")
+    recorded = json.loads(config.read_text())
+    saved = recorded["args"]
+    # The script that wrote the run, as config.json names it (runtime.script_module). Runs written
+    # before config.json had "script" are told apart by the flags only one of the first three scripts has.
+    name = recorded.get("script") or ("sebulba.impala_envpool" if "rho_clip" in saved else
+                                      "sebulba.ppo_lstm_envpool" if "lstm_size" in saved else "sebulba.ppo_envpool")
+    try:
+        module = importlib.import_module(name)
+    except ImportError as error:
+        raise SystemExit(f"{config} names the script {name}, which cannot be imported ({error}): evaluate the run "
+                         f"with the scripts/evaluate.py of a checkout that has {name.replace('.', '/')}.py") from error
     args = module.Args(**{k: v for k, v in saved.items() if k in {f.name for f in dataclasses.fields(module.Args)}})
     if not (run_dir / "checkpoints").exists():
         raise SystemExit(f"{run_dir}/checkpoints does not exist: the run saved no checkpoint yet")

@@ -134,7 +134,8 @@ class Run:
         if self.lead:
             (self.run_dir / "config.json").write_text(json.dumps({"args": dataclasses.asdict(flags),
                                                                   "derived": dataclasses.asdict(setup),
-                                                                  "software": software()}, indent=2))
+                                                                  "software": software(),
+                                                                  "script": script_module(flags)}, indent=2))
             print(f"writing {self.run_dir}/: config.json, TensorBoard events, checkpoints/, summary.json at the end; "
                   "watch it with: tensorboard --logdir runs", flush=True)
 
@@ -315,6 +316,16 @@ def software() -> dict:
     if commit.returncode == 0:
         git = {"commit": commit.stdout.strip(), "dirty": bool(dirty.stdout.strip())}
     return {"versions": versions, "git": git}
+
+
+def script_module(flags: RunFlags) -> str:
+    """The importable name of the script whose `Args` `flags` is, e.g. "sebulba.ppo_envpool":
+    what scripts/evaluate.py imports to rebuild the run's network. A script run as a file
+    (`python sebulba/ppo_envpool.py`) defines its `Args` in `__main__`; its file's stem names
+    it then ("sebulba.<stem>")."""
+    name = type(flags).__module__
+    path = getattr(sys.modules.get(name), "__file__", None)
+    return f"sebulba.{Path(path).stem}" if name == "__main__" and path else name
 
 
 def resume_command(run_name: str) -> str:

@@ -1,8 +1,10 @@
 """scripts/evaluate.py on checkpoints of short real CartPole runs of both scripts."""
 
 import contextlib
+import dataclasses
 import json
 import os
+import shutil
 import subprocess
 import sys
 import threading
@@ -19,11 +21,13 @@ import tyro
 
 import sebulba.impala_envpool as impala
 import sebulba.ppo_envpool as ppo
+import sebulba.ppo_lstm_envpool as ppo_lstm
 from sebulba import evaluation
 from sebulba.checkpoints import Checkpointer
 from sebulba.config import ConfigError, check_wandb_login
 from sebulba.devices import Placement
 from sebulba.evaluation import EVAL_SEED_OFFSET
+from sebulba.runtime import script_module
 from sebulba.threads import ParamsSlot
 
 pytestmark = pytest.mark.slow
@@ -68,6 +72,38 @@ def test_a_run_trained_with_track_evaluates_without_a_wandb_login(tracked_run, t
         check_wandb_login()
     result = evaluate.main([str(tracked_run), "--episodes", "2", "--json"])
     assert result["checkpoint"] == 2 and len(result["returns"]) == 2
+
+
+def test_script_module_names_the_script_imported_or_run_as_a_file(monkeypatch):
+    assert script_module(ppo.Args()) == "sebulba.ppo_envpool"
+    assert script_module(ppo_lstm.Args()) == "sebulba.ppo_lstm_envpool"  # its own Args, not PPO's it extends
+    # `python sebulba/sac_envpool.py`: the script's Args is defined in __main__, the file names it
+    main = type(sys)("__main__")
+    main.__file__ = "/checkout/sebulba/sac_envpool.py"
+    monkeypatch.setitem(sys.modules, "__main__", main)
+    args = dataclasses.make_dataclass("Args", [], bases=(ppo.Args,), namespace={"__module__": "__main__"})
+    assert script_module(args()) == "sebulba.sac_envpool"
+
+
+def test_evaluate_imports_the_script_config_json_names(tracked_run, tmp_path, monkeypatch):
+    """Not the flags only one script has: a new script's run loaded PPO's Agent that way."""
+    run = shutil.copytree(tracked_run, tmp_path / "run")
+    config = json.loads((run / "config.json").read_text())
+    assert config["script"] == "sebulba.ppo_envpool"
+    # A script of PPO's functions under another name is the one loaded.
+    (tmp_path / "copy_of_ppo.py").write_text("from sebulba.ppo_envpool import *  # noqa: F403\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    (run / "config.json").write_text(json.dumps(config | {"script": "copy_of_ppo"}))
+    assert evaluate.load(run, None)[0].__name__ == "copy_of_ppo"
+    (run / "config.json").write_text(json.dumps(config | {"script": "sebulba.no_such_script"}))
+    with pytest.raises(SystemExit) as error:
+        evaluate.main([str(run), "--episodes", "2"])
+    assert "names the script sebulba.no_such_script, which cannot be imported" in str(error.value)
+    assert "has sebulba/no_such_script.py" in str(error.value) and "\n" not in str(error.value)
+    del config["script"]  # a run written before config.json named its script: told apart by its flags
+    (run / "config.json").write_text(json.dumps(config))
+    module, *_ = evaluate.load(run, None)
+    assert module is ppo and evaluate.main([str(run), "--episodes", "2", "--json"])["checkpoint"] == 2
 
 
 def test_json_into_a_pipe_closed_early_ends_quietly(tracked_run):
@@ -146,6 +182,7 @@ def test_eval_thread_logs_eval_metrics_and_the_final_evaluation_matches_evaluate
 
 def test_impala_runs_and_bad_run_dirs(tmp_path):
     run = train(impala, "impala", 8 * 32 * 2)
+    assert json.loads((run / "config.json").read_text())["script"] == "sebulba.impala_envpool"
     result = evaluate.main([str(run), "--episodes", "3"])
     assert result["policy"] == "sampled" and len(result["returns"]) == 3
     assert result["returns"] == [float(n) for n in result["lengths"]]  # CartPole pays 1 per step
