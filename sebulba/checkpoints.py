@@ -110,8 +110,10 @@ class Checkpointer:
         self.manager = ocp.CheckpointManager(directory.absolute(), options=ocp.CheckpointManagerOptions(max_to_keep=3))
         self.failed = False
 
-    def save(self, update: int, state, meta: dict):
-        """Save and wait until the checkpoint is on disk: orbax saves in a background thread and
+    def save(self, update: int, state, meta: dict, extra: dict | None = None):
+        """Save `state`, `meta` and the `extra` items ({name: pytree of arrays}, each restored on its
+        own by `restore_item`: SAC's replay buffer, which evaluation never reads) and wait until
+        the checkpoint is on disk: orbax saves in a background thread and
         reports a failure only at a later call (orbax#605, keras#23609), by when the run had
         trained on and the summary named a checkpoint that does not exist.
 
@@ -119,8 +121,9 @@ class Checkpointer:
           CheckpointError: the save failed (the directory is named; the newest saved one too).
         """
         try:
+            items = {name: ocp.args.StandardSave(item) for name, item in (extra or {}).items()}
             self.manager.save(update, args=ocp.args.Composite(state=ocp.args.StandardSave(state),
-                                                              meta=ocp.args.JsonSave(meta)), force=True)
+                                                              meta=ocp.args.JsonSave(meta), **items), force=True)
             self.manager.wait_until_finished()
         except Exception as error:  # noqa: BLE001 - whatever the storage raised, the run cannot go on unsaved
             self.failed = True
@@ -131,8 +134,12 @@ class Checkpointer:
 
     def restore_state(self, update: int, like):
         """The state saved at `update`, laid out (shapes, dtypes, shardings) like `like`."""
+        return self.restore_item(update, "state", like)
+
+    def restore_item(self, update: int, name: str, like):
+        """Item `name` ("state", or one of `save`'s extra items) saved at `update`, laid out like `like`."""
         abstract = jax.tree.map(ocp.utils.to_shape_dtype_struct, like)
-        return self.manager.restore(update, args=ocp.args.Composite(state=ocp.args.StandardRestore(abstract))).state
+        return self.manager.restore(update, args=ocp.args.Composite(**{name: ocp.args.StandardRestore(abstract)}))[name]
 
     def close(self):
         """Wait for pending saves and close; after a failed save (already raised) it raises nothing."""

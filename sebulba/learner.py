@@ -189,7 +189,7 @@ class Bookkeeping:
         self.steady_from: tuple[float, int] | None = None  # (time, updates done) after this session's first update
         self.update_summary(run.start_update)
 
-    def checkpoint(self, updates_done: int, state, key):  # every process takes part; orbax writes each array once
+    def checkpoint(self, updates_done: int, state, key, extra: dict | None = None):  # every process takes part
         run = self.run
         if run.checkpointer.manager.latest_step() == updates_done:
             return
@@ -197,7 +197,7 @@ class Bookkeeping:
                     learner_key=host(jax.random.key_data(key)).tolist(), episodes=list(run.episodes),
                     num_processes=run.setup.num_processes, args=dataclasses.asdict(run.flags),
                     setup=dataclasses.asdict(run.setup))  # the derived sizes too (a script's choices: PPO's microbatches)
-        run.checkpointer.save(updates_done, state, meta)
+        run.checkpointer.save(updates_done, state, meta, extra)  # orbax writes each array once
         run.summary.update(checkpoint=str(run.checkpointer.manager.directory / str(updates_done)))
 
     def update_summary(self, updates_done: int):
@@ -207,11 +207,14 @@ class Bookkeeping:
             episodic_return_mean=float(np.mean([r for r, _ in episodes])) if episodes else None,
             episodic_length_mean=float(np.mean([n for _, n in episodes])) if episodes else None)
 
-    def record(self, update: int, state, key, lag, items, losses: dict[str, float], stage_times: dict[str, float]):
+    def record(self, update: int, state, key, lag, items, losses: dict[str, float], stage_times: dict[str, float],
+               extra: dict | None = None):
         """After update `update` (0-based) produced `state` (learner PRNG key `key`): `lag` [N]
         policy lag of every transition trained on, `items` (episode returns, episode lengths,
-        actor stats) per rollout, `losses` the update's metrics, `stage_times` the learner's
-        seconds per stage."""
+        actor stats) per rollout, `losses` the update's metrics (logged as losses/<name>, or as
+        they are when the name has a '/'; one ending in _total logs its newest value, not the
+        window's mean), `stage_times` the learner's seconds per stage, `extra` what a checkpoint
+        holds beside the state (`Checkpointer.save`)."""
         run, setup, flags, window = self.run, self.run.setup, self.run.flags, self.window
         if self.steady_from is None:  # the first update compiled: the ETA is timed from its end
             self.steady_from = (time.time(), update + 1)
@@ -227,17 +230,17 @@ class Bookkeeping:
         for k, v in stage_times.items():
             window[f"learner/{k}"].append(v)
         for k, v in losses.items():
-            window[f"losses/{k}"].append(v)
+            window[k if "/" in k else f"losses/{k}"].append(v)
         global_step = (update + 1) * setup.batch_size
         if flags.checkpoint_interval and (update + 1) % flags.checkpoint_interval == 0:
-            self.checkpoint(update + 1, state, key)
+            self.checkpoint(update + 1, state, key, extra)
         self.update_summary(update + 1)
         if (update + 1) % flags.log_frequency and update + 1 < setup.num_updates:
             return
 
         now, cpu_now = time.time(), sum(os.times()[:2])
         steps_this_session = global_step - run.start_update * setup.batch_size
-        record = {k: float(np.mean(v)) for k, v in window.items()}
+        record = {k: float(v[-1] if k.endswith("_total") else np.mean(v)) for k, v in window.items()}
         record["policy_lag/min"], record["policy_lag/max"] = min(window["policy_lag/min"]), max(window["policy_lag/max"])
         learner_time = record["learner/transfer_time_s"] + record["learner/update_time_s"]
         record |= {"charts/sps": steps_this_session / (now - self.start_time),
@@ -263,10 +266,10 @@ class Bookkeeping:
               f"| return {ret} | policy lag {record['policy_lag/mean']:.2f} (max {record['policy_lag/max']:.0f}) "
               f"| eta {eta}", flush=True)
 
-    def finish(self, state, key):
-        """After the learner's loop: checkpoint (unless --deterministic was stopped between
-        checkpoints: it says where the same command resumes), the final evaluation when every
-        update is done, the params hash."""
+    def finish(self, state, key, extra: dict | None = None):
+        """After the learner's loop: checkpoint (with `extra`, as `record`; unless --deterministic
+        was stopped between checkpoints: it says where the same command resumes), the final
+        evaluation when every update is done, the params hash."""
         run, setup, summary = self.run, self.run.setup, self.run.summary
         stopped_by = run.stopped_by
         if stopped_by:
@@ -279,7 +282,7 @@ class Bookkeeping:
                 print(deterministic_stop_line(done, latest))
             summary["checkpoint"] = str(run.checkpointer.manager.directory / str(latest)) if latest is not None else None
         else:
-            self.checkpoint(summary["updates"], state, key)
+            self.checkpoint(summary["updates"], state, key, extra)
         if not stopped_by and run.make_evaluator is not None and summary["updates"] == setup.num_updates:
             self.final_evaluation((state.params, state.obs_moments))
         summary["params_sha256"] = params_sha256(state.params)

@@ -1,7 +1,7 @@
 """Agent building blocks every script shares: the IMPALA ResNet, MLP and MiniGrid encoders, the running
-statistics of observation normalisation and reward scaling, the two action distributions
-(categorical, diagonal Gaussian), and the jitted policy function that actors and evaluation
-call. Each script's `Agent` puts its heads on these encoders.
+statistics of observation normalisation and reward scaling, the three action distributions
+(categorical, diagonal Gaussian, tanh-squashed Gaussian), and the jitted policy function that
+actors and evaluation call. Each script's `Agent` puts its heads on these encoders.
 """
 
 from __future__ import annotations
@@ -109,12 +109,42 @@ class RunningMoments(NamedTuple):
         return RunningMoments(self.mean + delta * count / total, m2 / total, total)
 
 
-# Action distributions: `policy` is logits [B, A] (categorical) or (mean, log_std) [B, A] each (diagonal Gaussian).
+# Action distributions: `policy` is logits [B, A] (categorical), (mean, log_std) [B, A] each (diagonal Gaussian),
+# or a TanhGaussian (SAC's squashed Gaussian, actions in (-1, 1)^A).
 
 # A learned log-std can run away downwards; below about -87 its exp underflows float32 to 0 and the
 # log-prob becomes inf - inf = NaN (rsl_rl PR#190). Every Gaussian helper reads it floored here:
 # std >= 2e-9, far below any useful action noise, so training never meets the floor otherwise.
 LOG_STD_MIN = -20.0
+
+
+class TanhGaussian(NamedTuple):
+    """A diagonal Gaussian squashed by tanh: a = tanh(u), u ~ N(mean, exp(log_std)^2), so
+    a in (-1, 1)^A (SAC, Haarnoja et al. 2018b, appendix C). mean, log_std [B, A] float32 are
+    the pre-squash Gaussian's. The env receives `a` mapped affinely onto its action bounds
+    (`make_policy_fn`); log-probabilities and entropies are those of `a` in (-1, 1)^A, whatever
+    the bounds, as Stable-Baselines3's SAC has them."""
+
+    mean: jax.Array
+    log_std: jax.Array
+
+
+def tanh_log_det(u):
+    """log(1 - tanh(u)^2) [..., A], elementwise: the log-Jacobian of the squash, computed as
+    2 (log 2 - u - softplus(-2u)), exact and finite for every u (1 - tanh(u)^2 underflows to 0
+    in float32 from |u| ~ 9)."""
+    return 2.0 * (jnp.log(2.0) - u - jax.nn.softplus(-2.0 * u))
+
+
+def tanh_gaussian_sample(policy: TanhGaussian, key):
+    """Reparameterised sample (a [B, A] in (-1, 1), log pi(a|s) [B]): u = mean + std * eps,
+    a = tanh(u), and log pi(a|s) = sum_i [log N(u_i; mean_i, std_i) - log(1 - tanh(u_i)^2)]
+    (Haarnoja et al. 2018b, eq. 26). Gradients flow to mean and log_std through u."""
+    mean, log_std = gaussian(policy)
+    eps = jax.random.normal(key, mean.shape)
+    u = mean + jnp.exp(log_std) * eps
+    logp = jnp.sum(-0.5 * jnp.square(eps) - log_std - 0.5 * jnp.log(2 * jnp.pi) - tanh_log_det(u), axis=-1)
+    return jnp.tanh(u), logp
 
 
 def gaussian(policy):
@@ -125,7 +155,14 @@ def gaussian(policy):
 
 def log_prob(policy, actions):
     """log pi(a|s) [B] of actions [B] int32 (categorical) or [B, A] float32 (Gaussian, unclipped
-    sample: the env receives it clipped to the action space, the loss sees it as sampled)."""
+    sample: the env receives it clipped to the action space, the loss sees it as sampled;
+    TanhGaussian: a in (-1, 1), inverted through atanh, so within 1e-6 of +-1 it is read at
+    +-(1 - 1e-6); a learner takes it from `tanh_gaussian_sample` instead)."""
+    if isinstance(policy, TanhGaussian):
+        mean, log_std = gaussian(policy)
+        u = jnp.arctanh(jnp.clip(actions, -1.0 + 1e-6, 1.0 - 1e-6))
+        z = (u - mean) / jnp.exp(log_std)
+        return jnp.sum(-0.5 * jnp.square(z) - log_std - 0.5 * jnp.log(2 * jnp.pi) - tanh_log_det(u), axis=-1)
     if isinstance(policy, tuple):
         mean, log_std = gaussian(policy)
         z = (actions - mean) / jnp.exp(log_std)
@@ -134,7 +171,10 @@ def log_prob(policy, actions):
 
 
 def entropy(policy):
-    """Entropy [B] in nats."""
+    """Entropy [B] in nats (not for a TanhGaussian, which has no closed form: estimate it as
+    -log pi of samples, as SAC's learner does)."""
+    if isinstance(policy, TanhGaussian):
+        raise TypeError("a TanhGaussian's entropy has no closed form; use -tanh_gaussian_sample(...)[1]")
     if isinstance(policy, tuple):
         return jnp.sum(gaussian(policy)[1] + 0.5 * jnp.log(2 * jnp.pi * jnp.e), axis=-1)
     logp = jax.nn.log_softmax(policy)
@@ -142,7 +182,10 @@ def entropy(policy):
 
 
 def sample_action(policy, key, greedy: bool = False):
-    """An action per row: sampled, or with `greedy` the mode (argmax; the Gaussian mean)."""
+    """An action per row: sampled, or with `greedy` the mode (argmax; the Gaussian mean; tanh of
+    the TanhGaussian's mean)."""
+    if isinstance(policy, TanhGaussian):
+        return jnp.tanh(policy.mean) if greedy else tanh_gaussian_sample(policy, key)[0]
     if isinstance(policy, tuple):
         mean, log_std = gaussian(policy)
         return mean if greedy else mean + jnp.exp(log_std) * jax.random.normal(key, mean.shape)
@@ -190,9 +233,9 @@ def make_policy_fn(agent: nn.Module, action_space=None, greedy: bool = False):
     whose `continuous` says which distribution `policy` parameterises.
 
     The action is what the behaviour policy sampled ([B] int32, or [B, A] float32); the env
-    action is the same clipped to a Box `action_space`'s bounds, what `send` gets (None for
-    discrete actions: send the action; no second copy to the host). `greedy` takes the
-    policy's mode instead of sampling (evaluation). A recurrent agent (one with `lstm_size`,
+    action is what `send` gets (`env_action`: clipped to a Box `action_space`'s bounds, or for a
+    TanhGaussian mapped onto them; None for discrete actions: send the action; no second copy
+    to the host). `greedy` takes the policy's mode instead of sampling (evaluation). A recurrent agent (one with `lstm_size`,
     sebulba/ppo_lstm_envpool.py's) gets a `RecurrentPolicy` instead."""
     if getattr(agent, "lstm_size", 0):
         return RecurrentPolicy(agent, action_space, greedy)
@@ -204,7 +247,18 @@ def make_policy_fn(agent: nn.Module, action_space=None, greedy: bool = False):
         dist, value = agent.apply(params, obs, obs_moments)
         key, sample_key = jax.random.split(key)
         action = sample_action(dist, sample_key, greedy)
-        env_action = None if bounds is None else jnp.clip(action, *bounds)
-        return action, env_action, log_prob(dist, action), value, key
+        return action, env_action(dist, action, bounds), log_prob(dist, action), value, key
 
     return policy
+
+
+def env_action(dist, action, bounds):
+    """What `send` gets for `action`: None for discrete actions (the action itself); a Gaussian's
+    sample clipped to the Box `bounds` (low, high); a TanhGaussian's a in (-1, 1) mapped affinely
+    onto them, low + (a + 1) (high - low) / 2."""
+    if bounds is None:
+        return None
+    if isinstance(dist, TanhGaussian):
+        low, high = bounds
+        return low + (action + 1.0) * (high - low) / 2.0
+    return jnp.clip(action, *bounds)
