@@ -90,7 +90,7 @@ class Args(RunFlags):
     num_actor_threads: int = 1
     """actor threads per actor device, each with its own EnvPool pool"""
     checkpoint_interval: int = 1000
-    """save a checkpoint (with the replay buffer unless --save-buffer False) every this many updates (also at the end and on SIGINT/SIGTERM/SIGUSR1); 0 = only then"""
+    """save a checkpoint (with the replay buffer unless --no-save-buffer) every this many updates (also at the end and on SIGINT/SIGTERM/SIGUSR1); 0 = only then"""
     norm_obs: tyro.conf.Suppress[bool | None] = False  # SAC trains on raw observations and rewards, as the paper
     norm_reward: tyro.conf.Suppress[bool | None] = False
 
@@ -99,7 +99,7 @@ class Args(RunFlags):
     buffer_size: int = 1_000_000
     """replay capacity in transitions, split evenly over the learner devices (each holds its env slice's)"""
     save_buffer: bool = True
-    """checkpoint the replay buffer with the learner state; False: a resumed run refills it (--learning-starts env steps) before learning again"""
+    """checkpoint the replay buffer with the learner state; off (--no-save-buffer): a resumed run refills it (--learning-starts env steps) before learning again"""
     learning_starts: int = 5_000
     """env steps of uniformly random actions before the first gradient step"""
     replay_ratio: float = 1.0
@@ -119,7 +119,7 @@ class Args(RunFlags):
     target_network_frequency: int = 1
     """Polyak-update the target critics every this many gradient steps"""
     alpha: float = 0.2
-    """entropy temperature when --autotune False"""
+    """entropy temperature when --no-autotune"""
     autotune: bool = True
     """tune the temperature towards a target entropy of -|A| (starting at alpha = 1, as CleanRL)"""
     hiddens: tuple[int, ...] = (256, 256)
@@ -528,7 +528,7 @@ def run_learner(run: Run, state: SACState, buffer: replay.ReplayState, update_fn
     if run.meta is not None and not args.save_buffer:
         refill_until = run.start_update * setup.batch_size + args.learning_starts
         if run.lead:
-            print(f"resumed without a replay buffer (--save-buffer False): refilling it until env step {refill_until} "
+            print(f"resumed without a replay buffer (--no-save-buffer): refilling it until env step {refill_until} "
                   f"(--learning-starts {args.learning_starts}) before the next gradient step", flush=True)
     saved = lambda buffer: {"replay": buffer} if args.save_buffer else None  # noqa: E731
     for update in range(run.start_update, setup.num_updates):

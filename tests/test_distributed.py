@@ -52,8 +52,8 @@ def make_update_fn(*a, **k):
 ppo.make_update_fn = make_update_fn
 Checkpointer = sebulba.checkpoints.Checkpointer
 real_save, real_restore = Checkpointer.save, Checkpointer.restore_state
-def save(self, update, state, meta):
-    real_save(self, update, state, meta)
+def save(self, update, state, meta, extra=None):
+    real_save(self, update, state, meta, extra)
     record("saved", f"{update} {sha(state.params)}")
     if os.environ.get("KILL_AFTER_SAVE") == str(update):
         self.manager.wait_until_finished()

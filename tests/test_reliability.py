@@ -189,8 +189,8 @@ SAVE_FAULT = """
 import subprocess
 import sebulba.checkpoints
 real = sebulba.checkpoints.Checkpointer.save
-def save(self, update, state, meta):
-    real(self, update, state, meta)
+def save(self, update, state, meta, extra=None):
+    real(self, update, state, meta, extra)
     if update == 10:
         subprocess.run(["chattr", "+i", str(self.directory)], check=True)
 sebulba.checkpoints.Checkpointer.save = save
