@@ -152,6 +152,18 @@ def e2e_section(e2e: dict, stages: dict | None, img: Path, rel: str) -> list[str
         out += [f"| {r['task']} | {r['layout']} | {r['mode']} | {r['sps']['median'] / p['sps']['median']:.2f} | "
                 f"{r['time_to_first_update_s']['median'] / p['time_to_first_update_s']['median']:.2f} |"
                 for r, p in recurrent if p]
+    off_policy = [r for r in e2e["rows"] if r["algo"] == "SAC"]
+    if off_policy:
+        out += ["", "Off-policy (sebulba/sac_envpool.py, `--off-policy`): after learning starts, env steps/s and "
+                "gradient steps/s end to end (env steps/s × the replay ratio, which is exact), the learner update's "
+                "own gradient steps/s (its program alone), and the share of each side's time spent waiting: the actor "
+                "thread for params (the policy-lag bound) or queue room, the learner for rollouts.", "",
+                "| task | layout | replay ratio | env steps/s | gradient steps/s | update alone, gradient steps/s | "
+                "actor waiting | learner waiting | code |", "| --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
+        out += [f"| {r['task']} | {r['layout']} | {r['replay_ratio']:g} | {fmt(r['sps'])} | "
+                f"{r['sps']['median'] * r['replay_ratio']:,.0f} | {fmt(r['update_gradient_steps_per_s'])} | "
+                f"{r['actor_waiting_share']['median']:.0%} | {r['learner_waiting_share']['median']:.0%} | "
+                f"{r.get('commit') or '?'} |" for r in off_policy]
     out += ["", "| algo | task | layout | async ÷ sync |", "| --- | --- | --- | --- |"]
     pairs = []
     for r in e2e["rows"]:
@@ -296,6 +308,13 @@ def learning_section(learn: dict, img: Path, rel: str) -> list[str]:
             ax.plot(steps, means, color="C0", label=f"ours ({len(curves)} seeds: mean ± std, each seed thin)")
             ax.fill_between(steps, [m - s for m, s in zip(means, stds)], [m + s for m, s in zip(means, stds)],
                             color="C0", alpha=0.25)
+        ppo = learn["results"].get(name.replace("/SAC/", "/PPO/"))  # SAC's rows: PPO's curve on the same axes
+        if "/SAC/" in name and ppo:
+            runs = [[(s, v) for s, v in run["curve"] if v is not None] for run in ppo["runs"]]
+            grid = sorted({s for c in runs for s, _ in c})
+            means = [statistics.fmean(vs) for g in grid
+                     if (vs := [v for c in runs if (v := next((v for s, v in reversed(c) if s <= g), None)) is not None])]
+            ax.plot(grid[len(grid) - len(means):], means, color="C1", label=f"PPO ({len(runs)} seeds, mean)")
         if ref:
             ax.axhline(ref[0], color="grey", ls="--", lw=1, label="reference")
         ax.set(xlabel="env steps", ylabel="return (mean of last 20 games)", title=name)

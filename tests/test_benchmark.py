@@ -51,7 +51,10 @@ def test_report_renders_tables_targets_and_plots(tmp_path):
     (tmp_path / "e2e.json").write_text(json.dumps({"machine": machine, "reps": 1, "rows": [
         {**row, "mode": "async", "sps": s(30_000)}, {**row, "mode": "sync", "sps": s(15_000)},
         {**row, "algo": "PPO-LSTM", "mode": "async", "sps": s(12_000), "time_to_first_update_s": s(18),
-         "commit": "abc1234"}]}))
+         "commit": "abc1234"},
+        {**row, "algo": "SAC", "task": "Hopper-v4", "mode": "async", "sweep": ", replay ratio 0.1", "replay_ratio": 0.1,
+         "sps": s(2_000), "update_gradient_steps_per_s": s(150), "actor_waiting_share": s(0.05),
+         "learner_waiting_share": s(0.6), "commit": "abc1234"}]}))
     (tmp_path / "startup.json").write_text(json.dumps({"machine": machine, "updates": 3, "results": {"PPO": {
         "runs": [{"cache_entries": 59}], "first_s": s(5.9), "second_s": s(2.9)}}}))
     md = report.report(tmp_path, tmp_path / "RESULTS.md", tmp_path / "img")
@@ -61,6 +64,7 @@ def test_report_renders_tables_targets_and_plots(tmp_path):
     assert "| actor efficiency, CartPole-v1 | 0.50 | ≥ 0.85 | missed |" in text
     assert "| CartPole-v1 | a0-l0 | async | 0.40 | 2.00 |" in text  # PPO-LSTM ÷ PPO
     assert "| 600 (600–600) | abc1234 |" in text  # each e2e row names its code
+    assert "| Hopper-v4 | a0-l0 | 0.1 | 2,000 (2,000–2,000) | 200 | 150 (150–150) | 5% | 60% | abc1234 |" in text
     assert "(best: a0-l0 async) | 30,000 | ≥ 25,000 | met |" in text
     assert "| PPO | 5.9 (5.9–5.9) s | 2.9 (2.9–2.9) s | 59 |" in text
     assert "time to first update on its second run (compilation cache) | 2.9 s | ≤ 3.0 s | met |" in text
@@ -81,6 +85,16 @@ def test_e2e_recurrent_rows_sit_beside_ppo_and_merge_by_name():
     merged = e2e.merge(previous, [{"name": "b", "sps": 3, "commit": "new"}, {"name": "c", "sps": 4, "commit": "new"}])
     assert merged == [{"name": "a", "sps": 1, "commit": "old"}, {"name": "b", "sps": 3, "commit": "new"},
                       {"name": "c", "sps": 4, "commit": "new"}]
+
+
+def test_e2e_off_policy_rows_are_sac_at_two_replay_ratios():
+    import e2e
+    rows = e2e.off_policy_configurations()
+    assert [(r["layout"], r["replay_ratio"]) for r in rows] == [("a0-l0", 1.0), ("a0-l0", 0.1), ("a0-l1", 1.0),
+                                                                ("a0-l1", 0.1)]
+    for r in rows:  # 10 random updates of 128 env steps, then the measured ones
+        total = int(common.flag_value(r["flags"], "--total-timesteps"))
+        assert r["script"] == "sac_envpool.py" and total == (10 + e2e.SAC_UPDATES[f"{r['replay_ratio']:g}"]) * 128
 
 
 def test_learning_targets_and_report(tmp_path):
@@ -108,11 +122,15 @@ def test_learning_targets_and_report(tmp_path):
                "date": "2026-12-01"}
     (tmp_path / "learning.json").write_text(json.dumps({"machine": machine, "quick": False, "results": {
         "HalfCheetah-v4/PPO/1M": {"script": "ppo_envpool.py", "flags": [], "reference": list(ref),
-                                  "target": "mean ≥ ref − 1 std", "runs": [run(1500.0), run(1300.0)], "met": True}}}))
+                                  "target": "mean ≥ ref − 1 std", "runs": [run(1500.0), run(1300.0)], "met": True},
+        "HalfCheetah-v4/SAC/1M": {"script": "sac_envpool.py", "flags": [], "reference": [9634.9, 1423.7, "CleanRL"],
+                                  "target": "mean ≥ ref − 1 std", "runs": [run(9000.0)], "met": True}}}))
     text = report.report(tmp_path, tmp_path / "RESULTS.md", tmp_path / "img").read_text()
     assert ("| HalfCheetah-v4/PPO/1M | 2 | 1,442.6 ± 46.0 (CleanRL) | 1,400.0 ± 100.0 | 500.0 ± 0.0 | "
             "mean ≥ ref − 1 std | met | 60 s | ? |") in text
     assert (tmp_path / "img" / "learning" / "HalfCheetah-v4_PPO_1M.png").exists()
+    assert "| HalfCheetah-v4/SAC/1M | 1 | 9,634.9 ± 1,423.7 (CleanRL) | 9,000.0 ± 0.0 |" in text
+    assert (tmp_path / "img" / "learning" / "HalfCheetah-v4_SAC_1M.png").exists()  # with PPO's curve beside it
 
 
 @pytest.mark.parametrize("driver, reason", [(False, "nvidia-smi is not on this machine"), (True, "JAX sees no GPU")])

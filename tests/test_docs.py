@@ -20,13 +20,15 @@ import tyro
 import sebulba.impala_envpool as impala
 import sebulba.ppo_envpool as ppo
 import sebulba.ppo_lstm_envpool as ppo_lstm
+import sebulba.sac_envpool as sac
 from sebulba.config import Cluster
 from sebulba.envs import is_atari
 from sebulba.runtime import layout_line
 
 ROOT = Path(__file__).resolve().parents[1]
 PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
-SCRIPTS = {"sebulba/ppo_envpool.py": ppo, "sebulba/impala_envpool.py": impala, "sebulba/ppo_lstm_envpool.py": ppo_lstm}
+SCRIPTS = {"sebulba/ppo_envpool.py": ppo, "sebulba/impala_envpool.py": impala, "sebulba/ppo_lstm_envpool.py": ppo_lstm,
+           "sebulba/sac_envpool.py": sac}
 PLACEHOLDERS = ("...", "…", "RUN_DIR", "<")
 
 
@@ -71,7 +73,8 @@ COMMANDS = sorted(set(documented_commands()))
 
 def test_the_pages_document_the_commands_this_test_knows():
     pages = {page for page, _ in COMMANDS}
-    assert {"README.md", "distributed.md", "ppo_envpool.md", "impala_envpool.md", "ppo_lstm_envpool.md"} <= pages
+    assert {"README.md", "distributed.md", "ppo_envpool.md", "impala_envpool.md", "ppo_lstm_envpool.md",
+            "sac_envpool.md"} <= pages
     assert "two_processes" in quoted_layout_lines()
 
 
@@ -97,6 +100,8 @@ def test_documented_vector_task_command_trains_one_update(command, capsys):
     module, args, cluster = parse(command)
     batch = module.resolve(args, cluster).batch_size
     args.total_timesteps, args.eval_episodes, args.eval_interval, args.run_name = batch, 0, 0, "docs"
+    if module is sac:  # one update, which then also takes its gradient steps
+        args.learning_starts = 0
     summary = module.main(args)
     assert summary["updates"] == 1 and summary["global_step"] == batch
     assert capsys.readouterr().out.startswith("run docs: 1 process(es)")
@@ -152,7 +157,7 @@ def test_the_line_counts_the_pages_give_are_near_the_files():
     within 10 % of `wc -l`."""
     table = re.findall(r"^\| `(sebulba/\w+\.py)` \| ~(\d+) \|", (ROOT / "docs" / "architecture.md").read_text(), re.M)
     readme = re.findall(r"`(sebulba/\w+\.py)` \([^)]*?~(\d+) lines", " ".join((ROOT / "README.md").read_text().split()))
-    assert len(table) >= 14 and len(readme) == 3
+    assert len(table) >= 16 and len(readme) == 4
     for path, claimed in table + readme:
         lines = len((ROOT / path).read_text().splitlines())
         assert abs(lines - int(claimed)) <= 0.1 * lines, f"{path}: ~{claimed} on the page, {lines} lines"

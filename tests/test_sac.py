@@ -4,10 +4,8 @@ and, marked slow, runs of the real script (learning, a failing thread, a stop si
 resume, --deterministic resume, actors of different speeds)."""
 
 import json
-import os
 import signal
 import socket
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -23,6 +21,7 @@ import sebulba.runtime
 import sebulba.sac_envpool as sac
 from sebulba.config import ConfigError
 from sebulba.networks import TanhGaussian, env_action, log_prob, make_policy_fn, sample_action, tanh_gaussian_sample
+from test_reliability import LEARNER_FAULT, run_cli, start_run  # the runtime's own helpers: the script in a child
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "scripts"))
 import evaluate  # noqa: E402
@@ -162,15 +161,7 @@ def test_the_actor_is_what_evaluation_runs():
 # ---------------------------------------------------------------------------
 # The real script on Pendulum-v1 (3-dimensional observations, one action in [-2, 2]).
 
-ROOT = Path(__file__).resolve().parents[1]
 SMALL = [*PENDULUM, "--hiddens", "32", "32", "--log-frequency", "10", "--total-timesteps", "1600"]  # 50 updates
-
-
-def run_script(flags, patch="", timeout=180):
-    code = f"import sys, time\nimport sebulba.sac_envpool as sac\n{patch}\nsys.exit(sac.cli(sys.argv[1:]))"
-    env = {k: v for k, v in os.environ.items() if k != "WANDB_SERVICE"}  # a user's shell (tests/test_reliability.py)
-    return subprocess.Popen([sys.executable, "-c", code, *flags], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                            text=True, env={**env, "PYTHONPATH": str(ROOT), "PYTHONUNBUFFERED": "1"})
 
 
 @pytest.mark.slow
@@ -241,7 +232,7 @@ def test_a_stopped_deterministic_run_resumes_with_its_buffer_into_the_same_run(c
     first = sac.main(tyro.cli(sac.Args, args=[*flags, "--run-name", "first"]))
     assert first["gradient_steps"] == 1600 - 256
 
-    proc = run_script([*flags, "--run-name", "stopped"])
+    proc = start_run([*flags, "--run-name", "stopped"], "sac_envpool")
     lines = []
     for line in proc.stdout:
         lines.append(line)
@@ -251,10 +242,9 @@ def test_a_stopped_deterministic_run_resumes_with_its_buffer_into_the_same_run(c
     rest, _ = proc.communicate(timeout=60)
     assert proc.returncode == 143, "".join(lines) + rest
     assert "resumes from update 10" in rest
-    resumed = run_script([*flags, "--run-name", "stopped"])
-    out, _ = resumed.communicate(timeout=180)
-    assert resumed.returncode == 0, out[-3000:]
-    assert "resumed from" in out and "update 10," in out
+    out, _ = run_cli([*flags, "--run-name", "stopped"], script="sac_envpool")
+    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+    assert "resumed from" in out.stdout and "update 10," in out.stdout
     done = json.loads(Path("runs/stopped/summary.json").read_text())
     assert done["params_sha256"] == first["params_sha256"] and done["gradient_steps"] == first["gradient_steps"]
 
@@ -268,29 +258,13 @@ def test_a_stopped_deterministic_run_resumes_with_its_buffer_into_the_same_run(c
     assert sorted(p.name for p in Path("runs/bufferless/checkpoints/50").iterdir() if p.is_dir()) == ["meta", "state"]
 
 
-LEARNER_FAULT = """
-real = sac.make_update_fn
-def patched(*a, **k):
-    update, calls = real(*a, **k), []
-    def faulty(*args):
-        calls.append(1)
-        if len(calls) == 2:
-            raise RuntimeError("injected learner fault")
-        return update(*args)
-    faulty.programs = update.programs  # (the memory check compiles them)
-    return faulty
-sac.make_update_fn = patched
-"""
-
-
 @pytest.mark.slow
 def test_a_failing_learner_ends_the_run_with_its_traceback():
-    start = time.monotonic()
-    proc = run_script([*SMALL, "--total-timesteps", "100000", "--run-name", "fault"], LEARNER_FAULT)
-    out, _ = proc.communicate(timeout=120)
-    assert proc.returncode == 1, out[-2000:]
-    assert out.count("Traceback") == 1 and "RuntimeError: injected learner fault" in out
-    assert time.monotonic() - start < 60
+    out, seconds = run_cli([*SMALL, "--total-timesteps", "100000", "--run-name", "fault"], LEARNER_FAULT,
+                           script="sac_envpool")
+    assert out.returncode == 1, out.stderr[-2000:]
+    assert out.stderr.count("Traceback") == 1 and "RuntimeError: injected learner fault" in out.stderr
+    assert seconds < 60
 
 
 @pytest.mark.slow
@@ -301,7 +275,7 @@ def test_two_processes_share_one_learner_mesh_and_its_replay():
     flags = [*SMALL, "--replay-ratio", "0.25", "--actor-device-ids", "0", "--learner-device-ids", "1", "--run-name", "two",
              "--distributed",
              "--coordinator-address", f"127.0.0.1:{port}", "--num-processes", "2"]
-    procs = [run_script([*flags, "--process-id", str(i)]) for i in range(2)]
+    procs = [start_run([*flags, "--process-id", str(i)], "sac_envpool") for i in range(2)]
     outputs = [(p.communicate(timeout=240)[0], p.returncode) for p in procs]
     for out, code in outputs:
         assert code == 0, out[-3000:]
