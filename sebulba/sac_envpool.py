@@ -148,11 +148,11 @@ def resolve(args: Args, cluster: Cluster = Cluster()) -> Setup:
                  above_zero=("replay_ratio", "policy_lr", "q_lr", "alpha"), unit_interval=("gamma", "tau"),
                  non_negative=("learning_starts",))
     check_env_id(args.env_id)
-    space = make_spec(args.env_id).action_space
-    if type(space).__name__ != "Box":
-        raise ConfigError(f"--env-id {args.env_id} has discrete actions ({space}); SAC needs continuous (Box) actions: "
-                          "use sebulba/ppo_envpool.py or sebulba/impala_envpool.py for this task")
-    if type(make_spec(args.env_id).observation_space).__name__ != "Box":
+    spec = make_spec(args.env_id)
+    if type(spec.action_space).__name__ != "Box":
+        raise ConfigError(f"--env-id {args.env_id} has discrete actions ({spec.action_space}); SAC needs continuous (Box) "
+                          "actions: use sebulba/ppo_envpool.py or sebulba/impala_envpool.py for this task")
+    if type(spec.observation_space).__name__ != "Box":
         raise ConfigError(f"--env-id {args.env_id}: SAC here takes vector observations only")
     setup = resolve_run(args, args.num_steps, cluster)
     learners = cluster.num_processes * len(args.learner_device_ids)
@@ -552,12 +552,13 @@ def run_learner(run: Run, state: SACState, buffer: replay.ReplayState, update_fn
         del batch
         run.params_slot.publish(update + 1, placement.to_actors((state.params, state.obs_moments)))
         done += steps
-        if not steps:  # no gradient step: nothing to say about the losses
-            metrics = {k: v for k, v in metrics.items() if k.startswith("replay/")}
         stage_times = timer.pop()
+        if steps:
+            metrics["learner/gradient_steps_per_s"] = steps / stage_times["update_time_s"]
+        else:  # no gradient step: nothing to say about the losses
+            metrics = {k: v for k, v in metrics.items() if k.startswith("replay/")}
         metrics |= {"replay/fill": metrics["replay/size"] / args.buffer_size, "replay/gradient_steps_total": done,
-                    "replay/replay_ratio_total": done / max(env_steps - args.learning_starts, 1),
-                    "learner/gradient_steps_per_s": steps / stage_times["update_time_s"]}
+                    "replay/replay_ratio_total": done / max(env_steps - args.learning_starts, 1)}
         run.summary["gradient_steps"] = done
         books.record(update, state, key, lag, items, metrics, stage_times, saved(buffer))
     books.finish(state, key, saved(buffer))
