@@ -4,7 +4,8 @@
     python scripts/evaluate.py RUN_DIR --episodes 32 --greedy --seed 7 --json
 
 Works for runs of any sebulba script with `Args`, `make_agent`, `init_params`, `resolve` and
-`make_train_state` (sebulba/ppo_envpool.py, sebulba/impala_envpool.py, sebulba/ppo_lstm_envpool.py):
+`make_train_state` (sebulba/ppo_envpool.py, sebulba/impala_envpool.py, sebulba/ppo_lstm_envpool.py,
+sebulba/sac_envpool.py: its actor, the mean action with --greedy):
 the script is the module that RUN_DIR/config.json names under "script" (runs written before it
 had one: told apart by their saved flags). An LSTM agent's state starts from zeros in each env,
 and again after each life loss for a run trained with --episodic-life, where training restarted

@@ -25,7 +25,7 @@ params go back to every actor device.
 Usage (on a CPU-only machine missing devices become virtual CPU devices):
 
     python sebulba/sac_envpool.py --env-id HalfCheetah-v4 --actor-device-ids 0 --learner-device-ids 1
-    python sebulba/sac_envpool.py --env-id Pendulum-v1 --total-timesteps 20000 ...  # preset: README
+    python sebulba/sac_envpool.py --env-id Pendulum-v1 --total-timesteps 6016 ...  # preset: README
 
 This file holds what changes with the algorithm, top to bottom: the hyperparameters, the
 networks, the SAC losses, the actor loop, the learner update and loop, and `main`. The replay
@@ -93,6 +93,9 @@ class Args(RunFlags):
     """save a checkpoint (with the replay buffer unless --no-save-buffer) every this many updates (also at the end and on SIGINT/SIGTERM/SIGUSR1); 0 = only then"""
     norm_obs: tyro.conf.Suppress[bool | None] = False  # SAC trains on raw observations and rewards, as the paper
     norm_reward: tyro.conf.Suppress[bool | None] = False
+    episodic_life: tyro.conf.Suppress[bool] = False  # Atari's; SAC takes Box actions only
+    eval_greedy: bool = False
+    """evaluate with the mean action (tanh of the Gaussian's mean, mapped onto the bounds) instead of sampling"""
 
     num_steps: int = 16
     """transitions per env in one rollout (one update inserts num_steps x envs of them)"""
@@ -160,6 +163,9 @@ def resolve(args: Args, cluster: Cluster = Cluster()) -> Setup:
     if args.learning_starts >= run_steps:
         raise ConfigError(f"--learning-starts={args.learning_starts} is not before the end of the run ({run_steps} env "
                           "steps): no gradient step would be taken; lower it or raise --total-timesteps")
+    if not gradient_steps_due(run_steps, args.learning_starts, args.replay_ratio):
+        raise ConfigError(f"--replay-ratio={args.replay_ratio} takes no gradient step in this run ({run_steps - args.learning_starts} "
+                          f"env steps after --learning-starts); use at least {1 / (run_steps - args.learning_starts):.2g}")
     for name, value in (("minibatch_size", args.minibatch_size), ("buffer_size", args.buffer_size)):
         if value % learners:
             raise ConfigError(f"{config.flag(name)}={value} does not split over {learners} learner devices; use "
@@ -551,6 +557,12 @@ def run_learner(run: Run, state: SACState, buffer: replay.ReplayState, update_fn
             metrics = jax.tree.map(lambda m: float(host(m)), metrics)
         del batch
         run.params_slot.publish(update + 1, placement.to_actors((state.params, state.obs_moments)))
+        if steps and not done and run.lead:  # the first gradient step of this session
+            print(f"update {update + 1}: learning starts ({env_steps} env steps in the replay, the first "
+                  f"{setup.random_rollouts * setup.batch_size} with uniform actions); then {args.replay_ratio:g} "
+                  "gradient steps per env step", flush=True)
+        if steps and not done:
+            books.steady_from = None  # the console's ETA at the learning pace, not the warm-up's
         done += steps
         stage_times = timer.pop()
         if steps:
