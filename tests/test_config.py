@@ -16,6 +16,7 @@ import wandb
 from sebulba import impala_envpool as impala
 from sebulba import ppo_lstm_envpool as ppo_lstm
 from sebulba import ppo_envpool as ppo
+from sebulba import sac_envpool as sac
 from sebulba.config import ConfigError, RunFlags, resolve_run
 
 SCRIPTS = Path(__file__).resolve().parents[1] / "sebulba"
@@ -116,7 +117,7 @@ def run_cli(script, *flags):
 
 @pytest.mark.slow
 @pytest.mark.parametrize("script, module", [("ppo_envpool.py", ppo), ("impala_envpool.py", impala),
-                                            ("ppo_lstm_envpool.py", ppo_lstm)])
+                                            ("ppo_lstm_envpool.py", ppo_lstm), ("sac_envpool.py", sac)])
 def test_cli_help_lists_every_flag_with_its_help_line(script, module):
     out = run_cli(script, "--help")
     assert out.returncode == 0
