@@ -557,12 +557,12 @@ def run_learner(run: Run, state: SACState, buffer: replay.ReplayState, update_fn
             metrics = jax.tree.map(lambda m: float(host(m)), metrics)
         del batch
         run.params_slot.publish(update + 1, placement.to_actors((state.params, state.obs_moments)))
-        if steps and not done and run.lead:  # the first gradient step of this session
-            print(f"update {update + 1}: learning starts ({env_steps} env steps in the replay, the first "
-                  f"{setup.random_rollouts * setup.batch_size} with uniform actions); then {args.replay_ratio:g} "
-                  "gradient steps per env step", flush=True)
-        if steps and not done:
+        if steps and not done:  # the run's first gradient step
             books.steady_from = None  # the console's ETA at the learning pace, not the warm-up's
+            if run.lead:
+                print(f"update {update + 1}: learning starts ({env_steps} env steps in the replay, the first "
+                      f"{setup.random_rollouts * setup.batch_size} with uniform actions); then "
+                      f"{args.replay_ratio:g} gradient steps per env step", flush=True)
         done += steps
         stage_times = timer.pop()
         if steps:
