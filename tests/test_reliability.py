@@ -128,22 +128,28 @@ def start_run(flags, script="ppo_envpool"):
                             text=True, env={**shell_env(), "PYTHONPATH": str(ROOT), "PYTHONUNBUFFERED": "1"})
 
 
+def signal_at_update(proc, update: int, sig) -> tuple[int, str]:
+    """Read a `start_run` child's console until the line of update `update` (training under way),
+    send it `sig`, wait for it: (exit code, everything it printed)."""
+    lines = []
+    for line in proc.stdout:
+        lines.append(line)
+        if line.startswith("step ") and f"update {update}/" in line:
+            break
+    proc.send_signal(sig)
+    rest, _ = proc.communicate(timeout=60)
+    return proc.returncode, "".join(lines) + rest
+
+
 # The signal handling is shared (sebulba/threads.py, runtime.py): each signal on one script.
 @pytest.mark.parametrize("sig, code, script", [(signal.SIGINT, 130, "ppo_envpool"), (signal.SIGTERM, 143, "impala_envpool")])
 def test_a_stop_signal_checkpoints_and_the_same_command_resumes(sig, code, script):
     total = 8 * 16 * 2 * 60
     flags = SMALL[script] + ["--total-timesteps", str(total), "--checkpoint-interval", "1000", "--run-name", "preempted"]
-    proc = start_run(flags, script)
-    lines = []
-    for line in proc.stdout:  # wait until training is under way
-        lines.append(line)
-        if line.startswith("step ") and "update 10/" in line:
-            break
-    proc.send_signal(sig)
-    rest, _ = proc.communicate(timeout=60)
-    assert proc.returncode == code, "".join(lines) + rest
-    assert f"{sig.name}: checkpointing and stopping" in rest
-    assert "to resume: the same command with --run-name preempted" in rest
+    returncode, output = signal_at_update(start_run(flags, script), 10, sig)
+    assert returncode == code, output
+    assert f"{sig.name}: checkpointing and stopping" in output
+    assert "to resume: the same command with --run-name preempted" in output
     stopped = json.loads(Path("runs/preempted/summary.json").read_text())
     assert stopped["interrupted_by"] == sig.name and 10 <= stopped["updates"] < 60
     assert (Path("runs/preempted/checkpoints") / str(stopped["updates"])).is_dir()
@@ -237,15 +243,8 @@ def test_no_metric_is_dropped_after_resuming_from_an_older_checkpoint():
     global step as a metric, never a `step` it would drop for not increasing (wandb#5632)."""
     flags = [*SMALL["ppo_envpool"], "--num-actor-threads", "1", "--checkpoint-interval", "4", "--log-frequency", "1",
              "--eval-episodes", "0", "--track", "--run-name", "killed"]
-    proc = start_run([*flags, "--total-timesteps", str(8 * 16 * 1000)])
-    first = []
-    for line in proc.stdout:
-        first.append(line)
-        if line.startswith("step ") and "update 6/" in line:
-            break
-    proc.kill()
-    proc.communicate(timeout=60)
-    assert sorted(p.name for p in Path("runs/killed/checkpoints").iterdir() if p.name.isdigit()) == ["4"], "".join(first)
+    _, output = signal_at_update(start_run([*flags, "--total-timesteps", str(8 * 16 * 1000)]), 6, signal.SIGKILL)
+    assert sorted(p.name for p in Path("runs/killed/checkpoints").iterdir() if p.name.isdigit()) == ["4"], output
     out, _ = run_cli([*flags, "--total-timesteps", str(8 * 16 * 10)], WANDB_SPY)
     assert out.returncode == 0 and "resumed from" in out.stdout, out.stdout[-2000:] + out.stderr[-2000:]
     events = EventAccumulator("runs/killed").Reload()
@@ -324,20 +323,13 @@ def test_deterministic_runs_are_bit_identical_and_a_stopped_run_resumes_into_the
     if script != "ppo_envpool":
         return
 
-    proc = start_run([*flags, "--run-name", "stopped"], script)
-    lines = []
-    for line in proc.stdout:
-        lines.append(line)
-        if line.startswith("step ") and "update 6/" in line:
-            break
-    proc.send_signal(signal.SIGTERM)
-    rest, _ = proc.communicate(timeout=60)
-    assert proc.returncode == 143, "".join(lines) + rest
-    assert "SIGTERM: stopping (--deterministic: no new checkpoint)" in rest
+    returncode, output = signal_at_update(start_run([*flags, "--run-name", "stopped"], script), 6, signal.SIGTERM)
+    assert returncode == 143, output
+    assert "SIGTERM: stopping (--deterministic: no new checkpoint)" in output
     stopped = json.loads(Path("runs/stopped/summary.json").read_text())
     resume_from = int(Path(stopped["checkpoint"]).name)
     assert resume_from % 4 == 0 and resume_from < stopped["updates"] < 24
-    assert f"resumes from update {resume_from}" in rest
+    assert f"resumes from update {resume_from}" in output
     out, _ = run_cli([*flags, "--run-name", "stopped"], script=script)
     assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-2000:]
     assert f"resumed from {Path('runs/stopped/checkpoints').absolute()}/{resume_from}:" in out.stdout

@@ -22,7 +22,7 @@ import sebulba.runtime
 import sebulba.sac_envpool as sac
 from sebulba.config import ConfigError
 from sebulba.networks import TanhGaussian, env_action, log_prob, make_policy_fn, sample_action, tanh_gaussian_sample
-from test_reliability import LEARNER_FAULT, run_cli, start_run  # the runtime's own helpers: the script in a child
+from test_reliability import LEARNER_FAULT, run_cli, signal_at_update, start_run  # the runtime's own helpers: the script in a child
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "scripts"))
 import evaluate  # noqa: E402
@@ -237,15 +237,9 @@ def test_a_stopped_deterministic_run_resumes_with_its_buffer_into_the_same_run(c
     assert first["gradient_steps"] == 1600 - 256
 
     proc = start_run([*flags, "--run-name", "stopped"], "sac_envpool")
-    lines = []
-    for line in proc.stdout:
-        lines.append(line)
-        if line.startswith("step ") and "update 15/" in line:
-            break
-    proc.send_signal(signal.SIGTERM)
-    rest, _ = proc.communicate(timeout=60)
-    assert proc.returncode == 143, "".join(lines) + rest
-    assert "resumes from update 10" in rest
+    returncode, output = signal_at_update(proc, 15, signal.SIGTERM)
+    assert returncode == 143, output
+    assert "resumes from update 10" in output
     out, _ = run_cli([*flags, "--run-name", "stopped"], script="sac_envpool")
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
     assert "resumed from" in out.stdout and "update 10," in out.stdout
