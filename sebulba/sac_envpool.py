@@ -65,7 +65,8 @@ if not __package__:  # run as a file: import the shared modules from this checko
     sys.path[0] = str(Path(__file__).resolve().parents[1])  # keep sebulba/config.py etc. off the top level
 
 from sebulba import config, replay
-from sebulba.config import Cluster, ConfigError, RunFlags, check_env_id, check_ranges, detect_cluster, nearest_multiples, resolve_run
+from sebulba.config import (Cluster, ConfigError, RunFlags, check_env_id, check_ranges, detect_cluster,
+                            nearest_multiples, resolve_run)
 from sebulba.devices import Placement, host
 from sebulba.envs import make_spec, recv_batch
 from sebulba.learner import Bookkeeping, LearnerState, check_learner_memory, gib
@@ -153,8 +154,8 @@ def resolve(args: Args, cluster: Cluster = Cluster()) -> Setup:
     check_env_id(args.env_id)
     spec = make_spec(args.env_id)
     if type(spec.action_space).__name__ != "Box":
-        raise ConfigError(f"--env-id {args.env_id} has discrete actions ({spec.action_space}); SAC needs continuous (Box) "
-                          "actions: use sebulba/ppo_envpool.py or sebulba/impala_envpool.py for this task")
+        raise ConfigError(f"--env-id {args.env_id} has discrete actions ({spec.action_space}); SAC needs continuous "
+                          "(Box) actions: use sebulba/ppo_envpool.py or sebulba/impala_envpool.py for this task")
     if type(spec.observation_space).__name__ != "Box":
         raise ConfigError(f"--env-id {args.env_id}: SAC here takes vector observations only")
     setup = resolve_run(args, args.num_steps, cluster)
@@ -164,16 +165,17 @@ def resolve(args: Args, cluster: Cluster = Cluster()) -> Setup:
         raise ConfigError(f"--learning-starts={args.learning_starts} is not before the end of the run ({run_steps} env "
                           "steps): no gradient step would be taken; lower it or raise --total-timesteps")
     if not gradient_steps_due(run_steps, args.learning_starts, args.replay_ratio):
-        raise ConfigError(f"--replay-ratio={args.replay_ratio} takes no gradient step in this run ({run_steps - args.learning_starts} "
-                          f"env steps after --learning-starts); use at least {1 / (run_steps - args.learning_starts):.2g}")
+        learning = run_steps - args.learning_starts
+        raise ConfigError(f"--replay-ratio={args.replay_ratio} takes no gradient step in this run ({learning} env "
+                          f"steps after --learning-starts); use at least {1 / learning:.2g}")
     for name, value in (("minibatch_size", args.minibatch_size), ("buffer_size", args.buffer_size)):
         if value % learners:
             raise ConfigError(f"{config.flag(name)}={value} does not split over {learners} learner devices; use "
                               f"{nearest_multiples(value, learners)}")
     capacity, per_update = args.buffer_size // learners, args.num_steps * setup.envs_per_learner
     if capacity < per_update:
-        raise ConfigError(f"--buffer-size={args.buffer_size} holds {capacity} transitions per learner device, fewer than "
-                          f"one update inserts there ({per_update}); use at least {per_update * learners}")
+        raise ConfigError(f"--buffer-size={args.buffer_size} holds {capacity} transitions per learner device, fewer "
+                          f"than one update inserts there ({per_update}); use at least {per_update * learners}")
     return Setup(**dataclasses.asdict(setup), minibatch_per_device=args.minibatch_size // learners,
                  capacity_per_device=capacity, random_rollouts=-(-args.learning_starts // setup.batch_size))
 
@@ -337,7 +339,8 @@ def run_actor(envs, policy, device: jax.Device, key, params_slot: ParamsSlot, ro
             with timer("env_send_time_s"):
                 envs.send(sent, env_id)
         with timer("rollout_assembly_time_s"):
-            completed = assembler.add(env_id, obs, reward, terminated, truncated, lives, action, logprob, value, version)
+            completed = assembler.add(env_id, obs, reward, terminated, truncated, lives, action, logprob, value,
+                                      version)
         for rollout, returns, lengths in completed:
             now, stats = time.perf_counter(), timer.pop()
             stats["actor_sps"] = rollout.rewards[1:].size / (now - last_emit)  # env steps (not action dimensions)
@@ -347,7 +350,8 @@ def run_actor(envs, policy, device: jax.Device, key, params_slot: ParamsSlot, ro
         if late.any():  # --max-policy-lag 0: a rollout's first action comes from the params trained on the last one
             if wanted <= assembler.emitted:  # never wait on this thread's own unfinished rollout (deadlock)
                 with timer("params_wait_time_s"):
-                    version, params = params_slot.wait(wanted, stop, args.stall_timeout_s, name, exact=args.deterministic)
+                    version, params = params_slot.wait(wanted, stop, args.stall_timeout_s, name,
+                                                       exact=args.deterministic)
                 with timer("inference_time_s"):
                     action, again, logprob, value, key = act(params, obs[late], env_id[late], key)
                     sent = sent.copy()  # (the first choice is recorded as row T)
@@ -378,8 +382,9 @@ def make_train_state(args: Args, setup: Setup, params, placement: Placement):
     actor's (constant) learning-rate schedule, for the logs."""
     spec = make_spec(args.env_id)
     critic = Critic(tuple(args.hiddens))
-    critic_params = critic.init(jax.random.fold_in(jax.random.PRNGKey(args.seed), 1),
-                                zeros_obs(spec.observation_space, 1), np.zeros((1, *spec.action_space.shape), np.float32))
+    critic_key = jax.random.fold_in(jax.random.PRNGKey(args.seed), 1)
+    critic_params = critic.init(critic_key, zeros_obs(spec.observation_space, 1),
+                                np.zeros((1, *spec.action_space.shape), np.float32))
     log_alpha = {"log_alpha": jnp.float32(0.0 if args.autotune else np.log(args.alpha))}  # (a dict: TrainState's)
     state = SACState.create(apply_fn=None, params=params, tx=optax.adam(args.policy_lr),
                             obs_moments=RunningMoments.create(()), return_moments=RunningMoments.create(()),
@@ -513,7 +518,8 @@ def make_update_fn(args: Args, setup: Setup, agent: Actor, mesh: Mesh):
     replicated = NamedSharding(mesh, P())
 
     def update(state: SACState, buffer: replay.ReplayState, batch: Rollout, key, num_steps: int):
-        steps = jax.make_array_from_process_local_data(replicated, np.int32(num_steps))  # no host values in a multi-process jit
+        # A multi-process jit takes no host values: the count as an array on the mesh.
+        steps = jax.make_array_from_process_local_data(replicated, np.int32(num_steps))
         return train(state, buffer, batch, key, steps)
 
     update.programs = {"train": train}  # for inspection (the memory check compiles it)
@@ -608,8 +614,9 @@ def main(args: Args) -> dict:
     scalar = jax.ShapeDtypeStruct((), np.int32, sharding=placement.replicated)
     key_shape = jax.ShapeDtypeStruct((2,), np.uint32, sharding=placement.replicated)
     buffer_bytes = replay.transition_bytes(replay_example(spec)) * setup.capacity_per_device
-    check_learner_memory(update_fn.programs["train"].lower(state, buffer, batch, key_shape, scalar).compile(), placement,
-                         batch, 2 * setup.num_actor_threads_total * args.local_num_envs,  # filled and queued
+    train = update_fn.programs["train"].lower(state, buffer, batch, key_shape, scalar).compile()
+    host_rollouts = 2 * setup.num_actor_threads_total * args.local_num_envs  # filled and queued
+    check_learner_memory(train, placement, batch, host_rollouts,
                          f"lower --buffer-size (the replay takes {gib(buffer_bytes)} per learner device)")
     state, learner_key = run.resume(state, learner_key)  # a resumed run: its directory, then its checkpoint
     if run.meta is not None and args.save_buffer:

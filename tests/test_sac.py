@@ -22,7 +22,8 @@ import sebulba.runtime
 import sebulba.sac_envpool as sac
 from sebulba.config import ConfigError
 from sebulba.networks import TanhGaussian, env_action, log_prob, make_policy_fn, sample_action, tanh_gaussian_sample
-from test_reliability import LEARNER_FAULT, run_cli, signal_at_update, start_run  # the runtime's own helpers: the script in a child
+# The runtime tests' helpers for the script in a child process.
+from test_reliability import LEARNER_FAULT, run_cli, signal_at_update, start_run
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "scripts"))
 import evaluate  # noqa: E402
@@ -174,9 +175,10 @@ def test_sac_learns_pendulum_and_evaluate_plays_the_mean_and_sampled_actions(cap
     to -1,500 a game; measured here about -122 in the final evaluation (4 games), -150 to -220
     with evaluate.py's other start states. The threshold of -400 leaves room for other CPUs'
     numerics and for the start states."""
-    args = tyro.cli(sac.Args, args=[*PENDULUM, "--total-timesteps", "6016", "--learning-starts", "1000", "--buffer-size",
-                                    "10000", "--hiddens", "64", "64", "--minibatch-size", "256", "--deterministic",
-                                    "--run-name", "pendulum", "--log-frequency", "50", "--eval-episodes", "4"])
+    args = tyro.cli(sac.Args, args=[*PENDULUM, "--total-timesteps", "6016", "--learning-starts", "1000",
+                                    "--buffer-size", "10000", "--hiddens", "64", "64", "--minibatch-size", "256",
+                                    "--deterministic", "--run-name", "pendulum", "--log-frequency", "50",
+                                    "--eval-episodes", "4"])
     summary = sac.main(args)
     assert summary["gradient_steps"] == 6016 - 1000
     assert summary["final_eval"]["episodic_return_mean"] >= -400, summary["final_eval"]
@@ -270,8 +272,8 @@ def test_two_processes_share_one_learner_mesh_and_its_replay():
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    flags = [*SMALL, "--replay-ratio", "0.25", "--actor-device-ids", "0", "--learner-device-ids", "1", "--run-name", "two",
-             "--distributed",
+    flags = [*SMALL, "--replay-ratio", "0.25", "--actor-device-ids", "0", "--learner-device-ids", "1",
+             "--run-name", "two", "--distributed",
              "--coordinator-address", f"127.0.0.1:{port}", "--num-processes", "2"]
     procs = [start_run([*flags, "--process-id", str(i)], "sac_envpool") for i in range(2)]
     outputs = [(p.communicate(timeout=240)[0], p.returncode) for p in procs]
