@@ -278,7 +278,7 @@ def learning_section(learn: dict, img: Path, rel: str) -> list[str]:
     out = ["## Learning quality (`benchmark/learning.py`)", "",
            "End-of-run return by CleanRL's protocol: the mean raw return of the last 20 finished training games "
            "at the end of each run (`episodic_return_mean`), then mean ± std over seeds. Final evaluation: "
-           "`final_eval` in summary.json (10 games with sampled actions on a separate pool; MiniGrid: 100 games, "
+           "`final_eval` in summary.json (10 games with sampled actions on a separate pool; MiniGrid and BabyAI: 100 games, "
            "with each seed's success rate, the share of games with a positive return), mean ± std over seeds. Wall clock: one run, launch to exit, median over seeds. Code: the commit each task ran on.", "",
            "| task | seeds | reference (published) | ours, end of run | ours, final evaluation | target | | wall clock "
            "per run | code |", "| --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
@@ -288,9 +288,9 @@ def learning_section(learn: dict, img: Path, rel: str) -> list[str]:
         wall = statistics.median(run["wall_s"] for run in r["runs"])
         verdict = {True: "met", False: "missed", None: ""}[r["met"]]
         successes = [x["final_success"] for x in r["runs"] if x.get("final_success") is not None]
-        success = f" (success {', '.join(f'{v:.2f}' for v in successes)})" if name.startswith("MiniGrid") else ""
+        success = f" (success {', '.join(f'{v:.2f}' for v in successes)})" if name.startswith(("MiniGrid", "BabyAI")) else ""
         out.append(f"| {name} | {len(r['runs'])} | {reference} | {mean_std([x['end_return'] for x in r['runs']])} | "
-                   f"{mean_std([x['final_eval'] for x in r['runs']])}{success} | {r['target']} | {verdict} | {wall:,.0f} s | "
+                   f"{mean_std([x['final_eval'] for x in r['runs']])}{success} | {r['target'] or '–'} | {verdict} | {wall:,.0f} s | "
                    f"{r.get('commit') or learn['machine'].get('commit') or '?'} |")
         fig, ax = plt.subplots(figsize=(6, 3.5))
         curves = [[(s, v) for s, v in run["curve"] if v is not None] for run in r["runs"]]

@@ -24,6 +24,7 @@ from pathlib import Path
 import envpool
 
 from sebulba.envs import has_dict_obs, is_atari, is_mujoco
+from sebulba.missions import reads_mission
 
 
 class ConfigError(ValueError):
@@ -65,6 +66,8 @@ class RunFlags:
     """True: normalise observations by their running mean and std, clipped to +-10; None: on for MuJoCo tasks"""
     norm_reward: bool | None = None
     """True: scale training rewards by the running std of the discounted return; None: on for MuJoCo tasks"""
+    read_mission: bool | None = None
+    """MiniGrid/BabyAI: read the mission (word embeddings, a GRU, FiLM); None: on where the mission varies game to game"""
     eval_interval: int = 0
     """evaluate the newest params every this many updates in a separate thread on its own pool (eval/*); 0 = never"""
     eval_episodes: int = 10
@@ -282,6 +285,7 @@ class Setup:
     process_id: int = 0
     norm_obs: bool = False  # --norm-obs / --norm-reward resolved (None: on for MuJoCo)
     norm_reward: bool = False
+    read_mission: bool = False  # --read-mission resolved (None: on where the task's mission varies)
 
 
 def check_wandb_login():
@@ -331,6 +335,9 @@ def resolve_run(flags: RunFlags, num_steps: int, cluster: Cluster = Cluster()) -
     if has_dict_obs(flags.env_id) and norm_obs:
         raise ConfigError("--norm-obs is for vector observations; a MiniGrid observation holds object, colour and "
                           "state ids, which the network embeds")
+    read_mission = has_dict_obs(flags.env_id) and reads_mission(flags.env_id, flags.read_mission)
+    if flags.read_mission and not has_dict_obs(flags.env_id):
+        raise ConfigError(f"--read-mission is for MiniGrid and BabyAI tasks; {flags.env_id} has no mission")
     n = flags.local_num_envs
     lockstep = flags.deterministic or flags.max_policy_lag == 0  # every env in every recv
     if lockstep and flags.async_batch_size not in (None, n):
@@ -369,4 +376,5 @@ def resolve_run(flags: RunFlags, num_steps: int, cluster: Cluster = Cluster()) -
         process_id=cluster.process_id,
         norm_obs=norm_obs,
         norm_reward=norm_reward,
+        read_mission=read_mission,
     )

@@ -11,6 +11,8 @@ from typing import Any
 import envpool
 import numpy as np
 
+from sebulba.missions import WordPool, word_spec
+
 
 def is_atari(env_id: str) -> bool:
     return type(envpool.make_spec(env_id)).__name__ == "AtariEnvSpec"
@@ -44,16 +46,20 @@ def env_settings(env_id: str, episodic_life: bool = False) -> dict[str, Any]:
 
 
 def make_spec(env_id: str, episodic_life: bool = False):
-    """EnvPool's spec of `env_id` under the training protocol (observation and action spaces)."""
-    return envpool.make_spec(env_id, **env_settings(env_id, episodic_life))
+    """EnvPool's spec of `env_id` under the training protocol (observation and action spaces);
+    MiniGrid's and BabyAI's `mission` as the word ids that `make_envs`'s pools return."""
+    spec = envpool.make_spec(env_id, **env_settings(env_id, episodic_life))
+    return word_spec(spec, env_id) if has_dict_obs(env_id) else spec
 
 
 def make_envs(env_id: str, num_envs: int, batch_size: int, seed: int, num_threads: int, episodic_life: bool = False,
               **options):
     """EnvPool pool (gymnasium API) with the training protocol's settings, in async mode when
-    batch_size < num_envs; `options` go to envpool.make as they are (render_mode, say)."""
-    return envpool.make(env_id, env_type="gymnasium", num_envs=num_envs, batch_size=batch_size, seed=seed,
+    batch_size < num_envs; `options` go to envpool.make as they are (render_mode, say). MiniGrid's
+    and BabyAI's observations carry the mission as word ids (sebulba/missions.py), not bytes."""
+    pool = envpool.make(env_id, env_type="gymnasium", num_envs=num_envs, batch_size=batch_size, seed=seed,
                         num_threads=num_threads, **options, **env_settings(env_id, episodic_life))
+    return WordPool(pool, env_id) if has_dict_obs(env_id) else pool
 
 
 def check_env_ids(env_id, batch_size: int):

@@ -60,8 +60,10 @@ from sebulba.config import (Cluster, ConfigError, RunFlags, Setup, check_network
 from sebulba.devices import Placement, host
 from sebulba.envs import has_dict_obs, is_atari, make_spec, recv_batch
 from sebulba.learner import Bookkeeping, LearnerState, check_learner_memory, make_normalizer_update
-from sebulba.networks import ImpalaEncoder, MLPEncoder, RunningMoments, entropy, log_prob, make_policy_fn
-from sebulba.rollouts import Rollout, RolloutAssembler, rollout_shapes
+from sebulba.missions import reads_mission
+from sebulba.networks import (ImpalaEncoder, MiniGridEncoder, MLPEncoder, RunningMoments, entropy, log_prob,
+                               make_policy_fn)
+from sebulba.rollouts import Rollout, RolloutAssembler, rollout_shapes, zeros_obs
 from sebulba.runtime import Run, run_cli
 from sebulba.threads import ParamsSlot, Stopped, Supervisor, Timer, timed_put
 
@@ -117,11 +119,7 @@ def resolve(args: Args, cluster: Cluster = Cluster()) -> Setup:
     if args.c_clip > args.rho_clip:
         raise ConfigError(f"--c-clip={args.c_clip} must not exceed --rho-clip={args.rho_clip} (Espeholt et al. 2018, "
                           "section 4.1)")
-    setup = resolve_run(args, args.num_steps, cluster)  # checks --env-id first
-    if has_dict_obs(args.env_id):
-        raise ConfigError(f"--env-id {args.env_id} has dictionary observations (MiniGrid), which this script's network "
-                          "does not read; use sebulba/ppo_envpool.py")
-    return setup
+    return resolve_run(args, args.num_steps, cluster)  # checks --env-id first
 
 
 # ---------------------------------------------------------------------------
@@ -130,8 +128,9 @@ def resolve(args: Args, cluster: Cluster = Cluster()) -> Setup:
 
 
 class Agent(nn.Module):
-    """Policy and value heads. Atari: one shared ResNet; vector observations: separate policy
-    and value MLPs (as in CleanRL's classic-control and MuJoCo PPO), so the value loss does not
+    """Policy and value heads. Atari: one shared ResNet; MiniGrid's and BabyAI's dictionary
+    observations: one shared MiniGridEncoder (id embeddings, the mission read where `read_mission`,
+    then the `hiddens` layers); vector observations: separate policy and value MLPs (as in CleanRL's classic-control and MuJoCo PPO), so the value loss does not
     swamp the policy's features. With `norm_obs`, observations are first normalised by
     `obs_moments`. Returns (policy, value [B]) where policy is logits [B, A] for discrete
     actions, or (mean [B, A], log_std [B, A]) of a diagonal Gaussian whose log-std is a learned,
@@ -143,6 +142,8 @@ class Agent(nn.Module):
     atari: bool
     continuous: bool = False
     norm_obs: bool = False
+    minigrid: bool = False
+    read_mission: bool = False  # MiniGrid/BabyAI: the encoder reads the mission (--read-mission, resolved)
 
     @nn.compact
     def __call__(self, obs, obs_moments: RunningMoments | None = None):
@@ -150,6 +151,8 @@ class Agent(nn.Module):
             obs = obs_moments.normalize(obs)
         if self.atari:
             policy_x = value_x = ImpalaEncoder(self.channels, self.hiddens)(obs)
+        elif self.minigrid:
+            policy_x = value_x = MiniGridEncoder(self.hiddens, mission=self.read_mission)(obs)
         else:
             policy_x, value_x = MLPEncoder(self.hiddens)(obs), MLPEncoder(self.hiddens)(obs)
         policy = nn.Dense(self.num_actions, kernel_init=nn.initializers.orthogonal(0.01))(policy_x)
@@ -166,13 +169,14 @@ def make_agent(args: Args):
     continuous = type(spec.action_space).__name__ == "Box"
     num_actions = spec.action_space.shape[0] if continuous else spec.action_space.n
     agent = Agent(num_actions, tuple(args.channels), tuple(args.hiddens), is_atari(args.env_id), continuous,
-                  normalization(args.env_id, args.norm_obs, args.norm_reward)[0])
+                  normalization(args.env_id, args.norm_obs, args.norm_reward)[0], has_dict_obs(args.env_id),
+                  has_dict_obs(args.env_id) and reads_mission(args.env_id, args.read_mission))
     return agent, spec
 
 
 def init_params(agent: Agent, spec, key):
-    obs_space = spec.observation_space
-    return agent.init(key, np.zeros((1, *obs_space.shape), obs_space.dtype), RunningMoments.create(obs_space.shape))
+    moments = RunningMoments.create(() if agent.minigrid else spec.observation_space.shape)
+    return agent.init(key, zeros_obs(spec.observation_space, 1), moments)
 
 
 # ---------------------------------------------------------------------------
@@ -247,7 +251,7 @@ def impala_loss(params, apply_fn, rollout, args):
     paper's scale; the metrics are means over them. Returns (loss, metrics dict).
     """
     t1, n = rollout.actions.shape[:2]
-    policy, values = apply_fn(params, rollout.obs.reshape((t1 * n,) + rollout.obs.shape[2:]))
+    policy, values = apply_fn(params, jax.tree.map(lambda x: x.reshape((t1 * n,) + x.shape[2:]), rollout.obs))  # a dict too
     policy, values = jax.tree.map(lambda x: x.reshape(t1, n, -1)[:-1], policy), values.reshape(t1, n)
     logprobs = log_prob(policy, rollout.actions[:-1])
     terminated, truncated = rollout.terminated[1:].astype(jnp.float32), rollout.truncated[1:].astype(jnp.float32)

@@ -1,4 +1,5 @@
-"""Agent building blocks every script shares: the IMPALA ResNet, MLP and MiniGrid encoders, the running
+"""Agent building blocks every script shares: the IMPALA ResNet, MLP and MiniGrid encoders (the
+latter with a mission encoder and FiLM), the running
 statistics of observation normalisation and reward scaling, the three action distributions
 (categorical, diagonal Gaussian, tanh-squashed Gaussian), and the jitted policy function that
 actors and evaluation call. Each script's `Agent` puts its heads on these encoders.
@@ -12,6 +13,8 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 import numpy as np
+
+from sebulba.missions import VOCAB
 
 
 class ResidualBlock(nn.Module):
@@ -55,26 +58,74 @@ class MLPEncoder(nn.Module):
         return x
 
 
+class MissionEncoder(nn.Module):
+    """The mission's word ids [B, W] (uint8, `sebulba.missions.VOCAB`, padded with 0 after the words)
+    -> features [B, features] float32: `embed`-dimensional word embeddings read by a GRU (Cho et al.
+    2014; flax's GRUCell), whose state after the mission's last word is the result. BabyAI's baseline
+    instruction encoder (Chevalier-Boisvert et al. 2019, section 4; Hui et al. 2020)."""
+
+    vocab_size: int
+    features: int = 64
+    embed: int = 32
+
+    @nn.compact
+    def __call__(self, ids):
+        ids = ids.astype(jnp.int32)
+        last = jnp.maximum(jnp.sum(ids > 0, axis=-1), 1) - 1  # an empty mission reads the padding once
+        words = nn.Embed(self.vocab_size, self.embed)(ids)  # [B, W, embed]
+        # A zero state of the words' type: inside the learner's shard_map it varies over the mesh as they do.
+        zeros = jnp.zeros_like(words[:, 0, :1], shape=(ids.shape[0], self.features))
+        states = nn.RNN(nn.GRUCell(self.features))(words, initial_carry=zeros)  # [B, W, features]
+        return jnp.take_along_axis(states, last[:, None, None], axis=1)[:, 0]
+
+
+class FiLM(nn.Module):
+    """Feature-wise linear modulation (Perez et al. 2018): x [B, ..., C] -> x * gamma + beta, with
+    gamma = 1 + Dense(condition), beta = Dense(condition) from `condition` [B, D], broadcast over
+    x's middle axes (here the 7x7 cells)."""
+
+    @nn.compact
+    def __call__(self, x, condition):
+        channels = x.shape[-1]
+        shape = (x.shape[0],) + (1,) * (x.ndim - 2) + (channels,)
+        gamma = 1.0 + nn.Dense(channels, name="gamma")(condition).reshape(shape)
+        return x * gamma + nn.Dense(channels, name="beta")(condition).reshape(shape)
+
+
 class MiniGridEncoder(nn.Module):
     """Dictionary observations of MiniGrid/BabyAI tasks: the agent's 7x7 egocentric view
     `image` [B, 7, 7, 3] uint8, whose channels are MiniGrid's object, colour and state ids,
-    and `direction` [B] int32 (0-3). Each id gets a learned `embed`-dimensional embedding
-    (MiniGrid's id ranges: 11 object types, 6 colours, 3 door states), the direction too;
-    they are concatenated, flattened and passed through ReLU dense layers `hiddens`. The
-    `mission` string is not read: it carries nothing where the mission is fixed (Memory,
-    Empty, DoorKey, ...); tasks whose mission names a colour or object (GoToDoor, Fetch, ...)
-    need a text encoder."""
+    `direction` [B] int32 (0-3) and `mission` [B, W] uint8 word ids (sebulba/missions.py). Each id
+    gets a learned `embed`-dimensional embedding (MiniGrid's id ranges: 11 object types, 6
+    colours, 3 door states), the direction too; they are concatenated, flattened and passed
+    through ReLU dense layers `hiddens` -> [B, hiddens[-1]] float32.
+
+    With `mission`, the mission is read as BabyAI's baseline reads it (Chevalier-Boisvert et al.
+    2019): a `MissionEncoder`, whose features condition each cell's features by FiLM in
+    `film_layers` layers of `film_channels` (1x1 convolutions: a cell's features are already its
+    ids), and are concatenated to the flattened cells. Without it the mission is ignored (a task
+    whose mission never changes) and the network is the one without these layers."""
 
     hiddens: tuple[int, ...]
     embed: int = 8
+    mission: bool = False
+    film_channels: int = 32
+    film_layers: int = 2
     id_ranges = (11, 6, 3)  # minigrid.core.constants: OBJECT_TO_IDX, COLOR_TO_IDX, STATE_TO_IDX
 
     @nn.compact
     def __call__(self, obs):
         image = obs["image"].astype(jnp.int32)
-        parts = [nn.Embed(n, self.embed)(jnp.clip(image[..., c], 0, n - 1)) for c, n in enumerate(self.id_ranges)]
-        x = jnp.concatenate(parts, axis=-1).reshape((image.shape[0], -1))
-        x = jnp.concatenate([x, nn.Embed(4, self.embed)(obs["direction"].astype(jnp.int32))], axis=-1)
+        x = jnp.concatenate([nn.Embed(n, self.embed)(jnp.clip(image[..., c], 0, n - 1))
+                             for c, n in enumerate(self.id_ranges)], axis=-1)  # [B, 7, 7, 3 embed]
+        if self.mission:
+            words = MissionEncoder(len(VOCAB))(obs["mission"])
+            for _ in range(self.film_layers):
+                x = nn.relu(FiLM()(nn.Dense(self.film_channels)(x), words))
+        x = jnp.concatenate([x.reshape((image.shape[0], -1)),
+                             nn.Embed(4, self.embed)(obs["direction"].astype(jnp.int32))], axis=-1)
+        if self.mission:
+            x = jnp.concatenate([x, words], axis=-1)
         for h in self.hiddens:
             x = nn.relu(nn.Dense(h, kernel_init=nn.initializers.orthogonal(np.sqrt(2)))(x))
         return x

@@ -59,6 +59,7 @@ from sebulba.config import (Cluster, ConfigError, RunFlags, check_network, check
                             resolve_run)
 from sebulba.devices import Placement, host
 from sebulba.envs import has_dict_obs, is_atari, make_spec, recv_batch
+from sebulba.missions import reads_mission
 from sebulba.learner import Bookkeeping, LearnerState, gib, learner_memory, make_normalizer_update
 from sebulba.networks import (ImpalaEncoder, MiniGridEncoder, MLPEncoder, RunningMoments, entropy, log_prob,
                               make_policy_fn)
@@ -158,6 +159,7 @@ class Agent(nn.Module):
     continuous: bool = False
     norm_obs: bool = False
     minigrid: bool = False
+    read_mission: bool = False  # MiniGrid/BabyAI: the encoder reads the mission (--read-mission, resolved)
 
     @nn.compact
     def __call__(self, obs, obs_moments: RunningMoments | None = None):
@@ -166,7 +168,7 @@ class Agent(nn.Module):
         if self.atari:
             policy_x = value_x = ImpalaEncoder(self.channels, self.hiddens)(obs)
         elif self.minigrid:
-            policy_x = value_x = MiniGridEncoder(self.hiddens)(obs)
+            policy_x = value_x = MiniGridEncoder(self.hiddens, mission=self.read_mission)(obs)
         else:
             policy_x, value_x = MLPEncoder(self.hiddens)(obs), MLPEncoder(self.hiddens)(obs)
         policy = nn.Dense(self.num_actions, kernel_init=nn.initializers.orthogonal(0.01))(policy_x)
@@ -183,7 +185,8 @@ def make_agent(args: Args):
     continuous = type(spec.action_space).__name__ == "Box"
     num_actions = spec.action_space.shape[0] if continuous else spec.action_space.n
     agent = Agent(num_actions, tuple(args.channels), tuple(args.hiddens), is_atari(args.env_id), continuous,
-                  normalization(args.env_id, args.norm_obs, args.norm_reward)[0], has_dict_obs(args.env_id))
+                  normalization(args.env_id, args.norm_obs, args.norm_reward)[0], has_dict_obs(args.env_id),
+                  has_dict_obs(args.env_id) and reads_mission(args.env_id, args.read_mission))
     return agent, spec
 
 

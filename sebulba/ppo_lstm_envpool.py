@@ -60,6 +60,7 @@ from sebulba import ppo_envpool as ppo
 from sebulba.config import Cluster, ConfigError, check_ranges, detect_cluster, normalization, resolve_run
 from sebulba.devices import host
 from sebulba.envs import has_dict_obs, is_atari, make_spec, recv_batch
+from sebulba.missions import reads_mission
 from sebulba.learner import Bookkeeping, LearnerState, check_learner_memory, make_normalizer_update
 from sebulba.networks import ImpalaEncoder, MiniGridEncoder, MLPEncoder, RecurrentPolicy, RunningMoments, make_policy_fn
 from sebulba.rollouts import Rollout, RolloutAssembler, rollout_shapes, zeros_obs
@@ -120,10 +121,11 @@ class Agent(nn.Module):
     norm_obs: bool = False
     minigrid: bool = False
     lstm_size: int = 128
+    read_mission: bool = False  # MiniGrid/BabyAI: the encoder reads the mission (--read-mission, resolved)
 
     def setup(self):
         self.encoder = (ImpalaEncoder(self.channels, self.hiddens) if self.atari else
-                        MiniGridEncoder(self.hiddens) if self.minigrid else MLPEncoder(self.hiddens))
+                        MiniGridEncoder(self.hiddens, mission=self.read_mission) if self.minigrid else MLPEncoder(self.hiddens))
         self.lstm = nn.OptimizedLSTMCell(self.lstm_size)
         self.policy_head = nn.Dense(self.num_actions, kernel_init=nn.initializers.orthogonal(0.01))
         self.value_head = nn.Dense(1, kernel_init=nn.initializers.orthogonal(1.0))
@@ -155,7 +157,7 @@ def make_agent(args: Args):
     num_actions = spec.action_space.shape[0] if continuous else spec.action_space.n
     agent = Agent(num_actions, tuple(args.channels), tuple(args.hiddens), is_atari(args.env_id), continuous,
                   normalization(args.env_id, args.norm_obs, args.norm_reward)[0], has_dict_obs(args.env_id),
-                  args.lstm_size)
+                  args.lstm_size, has_dict_obs(args.env_id) and reads_mission(args.env_id, args.read_mission))
     return agent, spec
 
 

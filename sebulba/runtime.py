@@ -297,7 +297,7 @@ def layout_line(flags: RunFlags, setup: Setup, num_actor_devices: int, num_learn
             f"learner device(s) x {setup.envs_per_learner} envs; env steps per update: "
             f"{num_steps * flags.local_num_envs} per thread, {num_steps * per_process} per process, "
             f"{setup.batch_size} in all; {setup.num_updates} updates" + "; observation normalisation" * setup.norm_obs
-            + "; reward scaling" * setup.norm_reward)
+            + "; reward scaling" * setup.norm_reward + "; the mission read" * setup.read_mission)
 
 
 def software() -> dict:

@@ -95,6 +95,7 @@ class Args(RunFlags):
     norm_obs: tyro.conf.Suppress[bool | None] = False  # SAC trains on raw observations and rewards, as the paper
     norm_reward: tyro.conf.Suppress[bool | None] = False
     episodic_life: tyro.conf.Suppress[bool] = False  # Atari's; SAC takes Box actions only
+    read_mission: tyro.conf.Suppress[bool | None] = None  # MiniGrid's and BabyAI's; their actions are discrete
     eval_greedy: bool = False
     """evaluate with the mean action (tanh of the Gaussian's mean, mapped onto the bounds) instead of sampling"""
 

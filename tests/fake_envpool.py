@@ -51,7 +51,7 @@ class ScriptedPool:
         obs = np.stack([[e, self.appearances[e] - 1, 0] for e in ids]).astype(np.float32) if len(ids) else np.zeros((0, 3), np.float32)
         if self.dict_obs:
             obs = {"image": np.broadcast_to(obs.astype(np.uint8)[:, None, None, :], (len(ids), 7, 7, 3)).copy(),
-                   "direction": (obs[:, 1] % 4).astype(np.int32), "mission": np.zeros((len(ids), 96), np.uint8)}
+                   "direction": (obs[:, 1] % 4).astype(np.int32), "mission": np.zeros((len(ids), 18), np.uint8)}
         self.pending = ids
         info = {"env_id": ids, "lives": np.asarray(lives, np.int32), "elapsed_step": np.zeros(len(ids), np.int32)}
         return obs, np.asarray(reward, np.float32), np.asarray(terminated, bool), np.asarray(truncated, bool), info
@@ -67,7 +67,7 @@ class ScriptedPool:
         self.closed = True
 
 
-MINIGRID_OBS = ({"direction": (), "image": (7, 7, 3), "mission": (96,)},
+MINIGRID_OBS = ({"direction": (), "image": (7, 7, 3), "mission": (18,)},  # MemoryS7's word ids
                 {"direction": np.dtype(np.int32), "image": np.dtype(np.uint8), "mission": np.dtype(np.uint8)})
 
 

@@ -1,6 +1,7 @@
 """Dictionary observations (EnvPool's MiniGrid tasks: image, direction, mission) through the
 shared data path: the actor loop and rollout assembly with env ids in any order, the
-transfer onto the learner mesh, the MiniGrid encoder, the refusals. Real MiniGrid runs:
+transfer onto the learner mesh, the MiniGrid encoder, the refusal. The mission's words:
+tests/test_missions.py. Real MiniGrid runs:
 tests/test_docs.py trains the documented PPO command, tests/test_lstm.py the LSTM script
 through scripts/evaluate.py."""
 
@@ -13,8 +14,6 @@ import sebulba.ppo_envpool as ppo
 from sebulba.config import ConfigError
 from sebulba.devices import Placement
 from sebulba.envs import has_dict_obs, make_spec
-from sebulba.impala_envpool import Args as ImpalaArgs
-from sebulba.impala_envpool import resolve as impala_resolve
 from sebulba.networks import RunningMoments
 from sebulba.rollouts import obs_storage, rollout_shapes, zeros_obs
 
@@ -25,7 +24,7 @@ def test_minigrid_observations_are_stored_as_their_own_arrays():
     spec = make_spec(MEMORY)
     assert has_dict_obs(MEMORY) and not has_dict_obs("CartPole-v1")
     shapes, dtypes = obs_storage(spec.observation_space)
-    assert shapes == {"direction": (), "image": (7, 7, 3), "mission": (96,)}
+    assert shapes == {"direction": (), "image": (7, 7, 3), "mission": (18,)}  # word ids, not the 96 bytes
     assert dtypes == {"direction": np.int32, "image": np.uint8, "mission": np.uint8}
     rollout = rollout_shapes(4, 6, spec, None)
     assert rollout.obs["image"].shape == (5, 6, 7, 7, 3) and rollout.obs["direction"].dtype == np.int32
@@ -74,12 +73,10 @@ def test_the_minigrid_agent_reads_image_and_direction():
     assert policy.shape == (3, 7) and value.shape == (3,)
     turned = {**obs, "direction": np.array([0, 1, 2], np.int32)}
     assert not np.allclose(agent.apply(params, turned, RunningMoments.create(()))[0][1:], policy[1:])
-    moved = {**obs, "mission": np.full((3, 96), 7, np.uint8)}  # the mission string is not read
+    moved = {**obs, "mission": np.full((3, 18), 7, np.uint8)}  # MemoryS7's mission never changes: not read
     np.testing.assert_array_equal(agent.apply(params, moved, RunningMoments.create(()))[0], policy)
 
 
-def test_dictionary_observations_are_refused_where_they_cannot_work():
+def test_norm_obs_is_refused_on_dictionary_observations():
     with pytest.raises(ConfigError, match=r"^--norm-obs is for vector observations; a MiniGrid observation"):
         ppo.resolve(ppo.Args(env_id=MEMORY, norm_obs=True, local_num_envs=8, num_steps=16, total_timesteps=10_000))
-    with pytest.raises(ConfigError, match=r"has dictionary observations \(MiniGrid\).*use sebulba/ppo_envpool.py"):
-        impala_resolve(ImpalaArgs(env_id=MEMORY, local_num_envs=8, num_steps=16, total_timesteps=10_000))
