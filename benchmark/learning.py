@@ -3,6 +3,7 @@
     python benchmark/learning.py                 # every task (about 20 h on 2 cores: each SAC 1M run ~2 h)
     python benchmark/learning.py --only CartPole-v1/PPO/100k     # one task
     python benchmark/learning.py --quick         # the pipeline at tiny budgets (~3 min), not for quoting
+    python benchmark/learning.py --only BabyAI-GoToLocal-v0/PPO/10M --budget 2000000  # cut short, said so
 
 Each task is a command of a script, run once per seed in a fresh process (benchmark/common.py's
 `run_script`, console line every update, the final evaluation on). Recorded per run: the curve
@@ -127,13 +128,15 @@ def met(target: str, runs: list[dict], reference) -> bool | None:
     return None
 
 
-def run(quick: bool, only: list[str] | None) -> dict:
+def run(quick: bool, only: list[str] | None, budget: int | None = None) -> dict:
     results = {}
     for name, (script, flags, seeds, reference, target) in TASKS.items():
         if (only and name not in only) or (quick and name not in QUICK_STEPS):
             continue
         if quick:
             flags, seeds = with_budget(flags, QUICK_STEPS[name]), 1
+        elif budget:  # recorded in the flags; the report says the run was cut
+            flags = with_budget(flags, budget)
         runs = []
         for seed in range(1, seeds + 1):
             result = run_script(script, [*flags, "--seed", str(seed)], timeout=7200,
@@ -147,15 +150,17 @@ def run(quick: bool, only: list[str] | None) -> dict:
             print(f"{name} seed {seed}: end return {runs[-1]['end_return']}, final eval {runs[-1]['final_eval']} "
                   f"(success {runs[-1]['final_success']}; {result['wall_s']:.0f} s)", flush=True)
         results[name] = {"script": script, "flags": flags, "reference": reference, "target": target, "runs": runs,
-                         "met": met(target, runs, reference), "commit": machine()["commit"]}  # --only merges tasks
+                         "met": met(target, runs, reference), "commit": machine()["commit"],
+                         "budget": budget if not quick else None}  # --only merges tasks
     return results
 
 
 if __name__ == "__main__":
     parser = cli_parser(__doc__, "learning", "two tasks at tiny budgets, one seed: the pipeline, not the figures")
     parser.add_argument("--only", nargs="+", choices=list(TASKS), help="tasks to run")
+    parser.add_argument("--budget", type=int, help="env steps per run instead of each task's own (the report says so)")
     cli = parser.parse_args()
-    results = run(cli.quick, cli.only)
+    results = run(cli.quick, cli.only, cli.budget)
     previous = cli.out / "learning.json"
     if cli.only and previous.exists():  # keep the other tasks' results
         kept = json.loads(previous.read_text())

@@ -76,6 +76,8 @@ def load(run_dir: Path, checkpoint: int | None):
         raise SystemExit(f"{config} names the script {name}, which cannot be imported ({error}): evaluate the run "
                          f"with the scripts/evaluate.py of a checkout that has {name.replace('.', '/')}.py") from error
     args = module.Args(**{k: v for k, v in saved.items() if k in {f.name for f in dataclasses.fields(module.Args)}})
+    if "read_mission" not in saved and hasattr(args, "read_mission"):  # written before the mission was read
+        args = dataclasses.replace(args, read_mission=False)
     if not (run_dir / "checkpoints").exists():
         raise SystemExit(f"{run_dir}/checkpoints does not exist: the run saved no checkpoint yet")
     steps = complete_steps(run_dir / "checkpoints")  # finished ones only

@@ -129,17 +129,25 @@ def check_ranges(flags, positive=(), above_zero=(), unit_interval=(), non_negati
             raise ConfigError(f"{flag(name)}={getattr(flags, name)} must be >= 0")
 
 
+# Tasks EnvPool registers that cannot run: a run on them would hang in EnvPool's own code.
+BROKEN_TASKS = {"BabyAI-SynthS5R2-v0": "EnvPool 1.2.5 never returns from its reset for some env seeds (9 of a "
+                                       "one-env pool), so nearly every pool of 16 or more envs hangs; "
+                                       "BabyAI-Synth-v0 has the same grammar"}
+
+
 def check_env_id(env_id: str):
-    """--env-id must name an EnvPool task. Checked before anything asks EnvPool about the id:
-    its spec and registry lookups raise a bare KeyError for an unknown one.
+    """--env-id must name an EnvPool task that runs. Checked before anything asks EnvPool about the
+    id: its spec and registry lookups raise a bare KeyError for an unknown one.
 
     Raises:
-      ConfigError: an unknown id, with the closest EnvPool ids.
+      ConfigError: an unknown id, with the closest EnvPool ids; a task in BROKEN_TASKS, with why.
     """
     if env_id not in envpool.list_all_envs():
         close = difflib.get_close_matches(env_id, envpool.list_all_envs(), n=3)
         hint = f"; did you mean {', '.join(close)}?" if close else "; see envpool.list_all_envs()"
         raise ConfigError(f"--env-id {env_id} is not an EnvPool task{hint}")
+    if env_id in BROKEN_TASKS:
+        raise ConfigError(f"--env-id {env_id} cannot run: {BROKEN_TASKS[env_id]}")
 
 
 def check_network(env_id: str, channels, hiddens):

@@ -1,4 +1,5 @@
-"""Real EnvPool: trajectories never mix, a Breakout run on a0-l1,2,3, CartPole learns, logging."""
+"""Real EnvPool: trajectories never mix, a Breakout run on a0-l1,2,3, CartPole learns, an agent reads
+MiniGrid's mission, logging."""
 
 import json
 from pathlib import Path
@@ -17,6 +18,12 @@ from sebulba.ppo_envpool import Args, main
 CARTPOLE_PRESET = dict(env_id="CartPole-v1", total_timesteps=100_000, local_num_envs=8, num_steps=32,
                        num_actor_threads=1, hiddens=(64, 64), num_minibatches=1, update_epochs=20,
                        learning_rate=1e-3, gamma=0.98, gae_lambda=0.8, clip_coef=0.2, ent_coef=0.0)
+
+
+# The documented MiniGrid-GoToDoor-5x5-v0 preset (docs/ppo_envpool.md): rl-starter-files' PPO settings.
+GOTO_DOOR_PRESET = dict(env_id="MiniGrid-GoToDoor-5x5-v0", total_timesteps=500_000, local_num_envs=16, num_steps=128,
+                        num_actor_threads=1, hiddens=(128,), num_minibatches=8, update_epochs=4, learning_rate=1e-3,
+                        clip_coef=0.2)
 
 
 class ElapsedStepInObs:
@@ -91,6 +98,19 @@ def test_cartpole_preset_learns():
     solved_at = next((e.step for e in curve if e.value >= 450), None)
     assert solved_at is not None and solved_at <= 500_000, [(e.step, round(e.value)) for e in curve]
     assert summary["global_step"] <= 500_000 and summary["episodic_return_mean"] >= 200
+
+
+@pytest.mark.slow
+def test_an_agent_that_reads_the_mission_beats_the_ceiling_of_one_that_cannot():
+    """MiniGrid-GoToDoor-5x5-v0: four doors of different colours, and the mission names the one to
+    go to; without reading it an agent succeeds in about 1 game of 4 (0.24 over 100 games,
+    benchmark/learning.py's mission-hidden row, 3 seeds). The preset cut to 81,920 env steps,
+    --deterministic, seed 1: measured, the mean return of the last 20 games reached 0.9 at 65k env
+    steps and the run ended with a success rate of 1.00 over 100 evaluation games; the threshold
+    leaves room for other CPUs' float results."""
+    summary = main(Args(**{**GOTO_DOOR_PRESET, "total_timesteps": 81_920}, seed=1, deterministic=True,
+                        run_name="goto_door", log_frequency=10, eval_episodes=100))
+    assert summary["final_eval"]["success_rate"] >= 0.6, summary["final_eval"]
 
 
 @pytest.mark.slow
