@@ -86,8 +86,8 @@ TASKS = {
                                     "final success rate near guessing (≤ 0.7)"),
     "MiniGrid-GoToDoor-5x5-v0/PPO/500k": ("ppo_envpool.py", GOTO_DOOR, 3, None,
                                           "every seed's final success rate ≥ 0.9"),
-    "MiniGrid-GoToDoor-5x5-v0/PPO, mission hidden/500k": ("ppo_envpool.py", [*GOTO_DOOR, "--read-mission", "False"],
-                                                          3, None, "final success rate near its ceiling (≤ 0.35)"),
+    "MiniGrid-GoToDoor-5x5-v0/PPO-mission-hidden/500k": ("ppo_envpool.py", [*GOTO_DOOR, "--read-mission", "False"],
+                                                         3, None, "final success rate near its ceiling (≤ 0.35)"),
     "BabyAI-GoToLocal-v0/PPO/10M": ("ppo_envpool.py", GOTO_LOCAL, 1, None, None),
 }
 EVAL_EPISODES = {name: 100 for name in TASKS if name.startswith(("MiniGrid", "BabyAI"))}  # others: 10
