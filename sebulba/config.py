@@ -51,7 +51,7 @@ class RunFlags:
     """run directory name under runs/; default {env_id}__{exp_name}__{seed}__{unix time}"""
 
     env_id: str = "Breakout-v5"
-    """EnvPool task id: Atari `*-v5` (IMPALA ResNet), a vector task with discrete or Box actions (MLP), or MiniGrid (PPO)"""
+    """EnvPool task id: Atari `*-v5` (IMPALA ResNet), a vector task with discrete or Box actions (MLP), or MiniGrid/BabyAI"""
     total_timesteps: int = 50_000_000
     """env steps to train for, summed over every env (Atari: frames = 4 x env steps)"""
     local_num_envs: int = 60

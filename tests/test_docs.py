@@ -5,11 +5,12 @@ run by `scripts/launch_local.py -n N --` counts as N processes) is parsed by the
 command line and checked by its own `resolve`, so a wrong flag or a bad value fails here. Where
 a page quotes the console's layout line (`run <name>: ...`), the command with that run name must
 print exactly that line. The vector-task commands also train for one update, with the budget
-cut to one batch. Not here: commands with placeholders (`...`, `RUN_DIR`, `<run name>`),
+cut to one batch, except the presets that a learning test trains in full (`FULLY_TRAINED`). Not here: commands with placeholders (`...`, `RUN_DIR`, `<run name>`),
 `scripts/evaluate.py` (tests/test_evaluate.py) and the sbatch template (tests/test_slurm.py).
 """
 
 import collections
+import dataclasses
 import re
 import shlex
 from pathlib import Path
@@ -24,6 +25,9 @@ import sebulba.sac_envpool as sac
 from sebulba.config import Cluster
 from sebulba.envs import is_atari
 from sebulba.runtime import layout_line
+from test_envpool_runs import CARTPOLE_PRESET, GOTO_DOOR_PRESET
+from test_impala import CARTPOLE_PRESET as IMPALA_CARTPOLE_PRESET
+from test_lstm import CARTPOLE_PRESET as LSTM_CARTPOLE_PRESET
 
 ROOT = Path(__file__).resolve().parents[1]
 PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
@@ -70,6 +74,27 @@ def parse(command: str):
 
 COMMANDS = sorted(set(documented_commands()))
 
+# Documented presets that a learning test trains in full (tests/test_envpool_runs.py, test_impala.py, test_lstm.py):
+# the page's command must be that test's preset, budget and evaluation games aside, and is not trained
+# again for one update here.
+FULLY_TRAINED = [(ppo, CARTPOLE_PRESET), (ppo, GOTO_DOOR_PRESET), (impala, IMPALA_CARTPOLE_PRESET),
+                 (ppo_lstm, LSTM_CARTPOLE_PRESET)]
+BUDGET = {"total_timesteps", "eval_episodes"}
+
+
+def trained_in_full(command: str) -> bool:
+    module, args, _ = parse(command)
+    flags = {k: v for k, v in dataclasses.asdict(args).items() if k not in BUDGET}
+    return any(module is m and flags == {k: v for k, v in dataclasses.asdict(m.Args(**preset)).items()
+                                         if k not in BUDGET} for m, preset in FULLY_TRAINED)
+
+
+def test_each_preset_a_learning_test_trains_is_a_documented_command():
+    documented = [c for _, c in COMMANDS if "--help" not in c.split()]
+    for module, preset in FULLY_TRAINED:
+        assert any(parse(c)[0] is module and trained_in_full(c) and parse(c)[1].env_id == preset["env_id"]
+                   for c in documented), (module.__name__, preset["env_id"])
+
 
 def test_the_pages_document_the_commands_this_test_knows():
     pages = {page for page, _ in COMMANDS}
@@ -95,7 +120,8 @@ def test_documented_command_parses_resolves_and_prints_the_layout_the_page_quote
 
 @pytest.mark.slow
 @pytest.mark.parametrize("command", sorted({c for _, c in COMMANDS if "--env-id" in c and "--distributed" not in c
-                                            and not is_atari(c.split("--env-id ")[1].split()[0])}))
+                                            and not is_atari(c.split("--env-id ")[1].split()[0])
+                                            and not trained_in_full(c)}))
 def test_documented_vector_task_command_trains_one_update(command, capsys):
     module, args, cluster = parse(command)
     batch = module.resolve(args, cluster).batch_size

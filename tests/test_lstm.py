@@ -404,14 +404,18 @@ def test_a_deterministic_run_stopped_at_a_checkpoint_and_resumed_is_the_same_run
     assert resumed["updates"] == 4 and resumed["params_sha256"] == whole["params_sha256"]
 
 
+# The README's PPO-LSTM CartPole-v1 preset.
+CARTPOLE_PRESET = dict(env_id="CartPole-v1", total_timesteps=150_000, local_num_envs=8, num_steps=32,
+                       num_actor_threads=1, hiddens=(64,), lstm_size=64, num_minibatches=2, update_epochs=10,
+                       learning_rate=5e-4, gamma=0.98, gae_lambda=0.8, clip_coef=0.2, ent_coef=0.0)
+
+
 @pytest.mark.slow
 def test_cartpole_preset_learns():
     """The README preset with --deterministic, seed 1: the last-20 mean reaches 475 within its
     150k env steps (measured: 496 at 115k, 494 at the end, final evaluation 500; ~40 s)."""
-    summary = lstm.main(lstm.Args(env_id="CartPole-v1", total_timesteps=150_000, local_num_envs=8, num_steps=32,
-                                  num_actor_threads=1, hiddens=(64,), lstm_size=64, num_minibatches=2,
-                                  update_epochs=10, learning_rate=5e-4, gamma=0.98, gae_lambda=0.8, clip_coef=0.2,
-                                  ent_coef=0.0, seed=1, deterministic=True, run_name="lstm-cartpole", log_frequency=10))
+    summary = lstm.main(lstm.Args(**CARTPOLE_PRESET, seed=1, deterministic=True, run_name="lstm-cartpole",
+                                  log_frequency=10))
     curve = EventAccumulator("runs/lstm-cartpole").Reload().Scalars("charts/episodic_return")
     assert max(e.value for e in curve) >= 475, [(e.step, round(e.value)) for e in curve]
     assert summary["final_eval"]["episodic_return_mean"] >= 300
