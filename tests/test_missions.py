@@ -19,7 +19,7 @@ from sebulba.envs import make_envs, make_spec
 from sebulba.missions import (VOCAB, WORD_ID, MissionTokenizer, decode, mission_varies, mission_width, reads_mission,
                               split_words)
 from sebulba.networks import MiniGridEncoder, MissionEncoder, RunningMoments
-from sebulba.rollouts import obs_storage, zeros_obs
+from sebulba.rollouts import obs_storage, rollout_shapes, zeros_obs
 
 TASKS = sorted(e for e in envpool.list_all_envs() if e.startswith(("MiniGrid-", "BabyAI-")))
 HANGS = set(BROKEN_TASKS)  # its grammar is BabyAI-Synth-v0's, sampled here
@@ -108,10 +108,16 @@ def test_the_encoder_sees_the_mission_and_its_gradients_reach_the_word_embedding
     policy, value = agent.apply(params, {**same_grid, "mission": obs["mission"]}, RunningMoments.create(()))
     assert not np.allclose(policy[0], policy[1]) and value[0] != value[1]
 
+    # The gradient through a learner's loss: IMPALA's, on a rollout of these observations (its
+    # network is PPO's MiniGridEncoder; this also takes the dictionary rollout through the loss).
+    args = impala.Args(env_id="MiniGrid-GoToDoor-5x5-v0", hiddens=(32,))
+    agent, spec = impala.make_agent(args)
+    params = impala.init_params(agent, spec, jax.random.PRNGKey(0))
+    rollout = jax.tree.map(lambda x: np.zeros(x.shape, x.dtype), rollout_shapes(1, 2, spec, None))
+    rollout.obs.update({k: v[None].repeat(2, 0) for k, v in obs.items()})
     def loss(p):
-        policy, value = agent.apply(p, obs, RunningMoments.create(()))
-        return jnp.sum(policy) + jnp.sum(value)
-    grads = jax.jit(jax.grad(loss))(params)["params"]["MiniGridEncoder_0"]["MissionEncoder_0"]
+        return impala.impala_loss(p, lambda q, o: agent.apply(q, o, RunningMoments.create(())), rollout, args)
+    grads = jax.jit(jax.grad(loss, has_aux=True))(params)[0]["params"]["MiniGridEncoder_0"]["MissionEncoder_0"]
     embedding = np.asarray(grads["Embed_0"]["embedding"])
     used = {WORD_ID[w] for w in ("go", "to", "the", "red", "blue", "door")}
     assert all(np.abs(embedding[i]).sum() > 0 for i in used)
@@ -162,3 +168,4 @@ def test_read_mission_is_refused_where_there_is_no_mission():
     with pytest.raises(ConfigError, match=r"^--read-mission is for MiniGrid and BabyAI tasks; CartPole-v1 has no"):
         ppo.resolve(ppo.Args(env_id="CartPole-v1", read_mission=True, local_num_envs=8, num_steps=16,
                              total_timesteps=10_000))
+
