@@ -11,6 +11,7 @@ cut to one batch, except the presets that a learning test trains in full (`FULLY
 
 import collections
 import dataclasses
+import functools
 import re
 import shlex
 from pathlib import Path
@@ -82,6 +83,7 @@ FULLY_TRAINED = [(ppo, CARTPOLE_PRESET), (ppo, GOTO_DOOR_PRESET), (impala, IMPAL
 BUDGET = {"total_timesteps", "eval_episodes"}
 
 
+@functools.cache
 def trained_in_full(command: str) -> bool:
     module, args, _ = parse(command)
     flags = {k: v for k, v in dataclasses.asdict(args).items() if k not in BUDGET}
