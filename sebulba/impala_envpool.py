@@ -130,9 +130,9 @@ def resolve(args: Args, cluster: Cluster = Cluster()) -> Setup:
 class Agent(nn.Module):
     """Policy and value heads. Atari: one shared ResNet; MiniGrid's and BabyAI's dictionary
     observations: one shared MiniGridEncoder (id embeddings, the mission read where `read_mission`,
-    then the `hiddens` layers); vector observations: separate policy and value MLPs (as in CleanRL's classic-control and MuJoCo PPO), so the value loss does not
-    swamp the policy's features. With `norm_obs`, observations are first normalised by
-    `obs_moments`. Returns (policy, value [B]) where policy is logits [B, A] for discrete
+    then the `hiddens` layers); vector observations: separate policy and value MLPs (as in
+    CleanRL's classic-control and MuJoCo PPO), so the value loss does not swamp the policy's
+    features. With `norm_obs`, observations are first normalised by `obs_moments`. Returns (policy, value [B]) where policy is logits [B, A] for discrete
     actions, or (mean [B, A], log_std [B, A]) of a diagonal Gaussian whose log-std is a learned,
     state-independent vector (Schulman et al. 2017's MuJoCo setup)."""
 
@@ -251,7 +251,8 @@ def impala_loss(params, apply_fn, rollout, args):
     paper's scale; the metrics are means over them. Returns (loss, metrics dict).
     """
     t1, n = rollout.actions.shape[:2]
-    policy, values = apply_fn(params, jax.tree.map(lambda x: x.reshape((t1 * n,) + x.shape[2:]), rollout.obs))  # a dict too
+    rows = jax.tree.map(lambda x: x.reshape((t1 * n,) + x.shape[2:]), rollout.obs)  # a dict of them too
+    policy, values = apply_fn(params, rows)
     policy, values = jax.tree.map(lambda x: x.reshape(t1, n, -1)[:-1], policy), values.reshape(t1, n)
     logprobs = log_prob(policy, rollout.actions[:-1])
     terminated, truncated = rollout.terminated[1:].astype(jnp.float32), rollout.truncated[1:].astype(jnp.float32)

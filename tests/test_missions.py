@@ -143,9 +143,9 @@ def test_a_task_with_a_fixed_mission_keeps_the_network_it_had():
     read = MiniGridEncoder((32,), mission=True).init(jax.random.PRNGKey(0), zeros_obs(spec.observation_space, 1))
     assert set(blind["params"]) == {"Embed_0", "Embed_1", "Embed_2", "Embed_3", "Dense_0"}
     assert {"MissionEncoder_0", "FiLM_0", "FiLM_1"} <= set(read["params"])
-    moved = {**zeros_obs(spec.observation_space, 1), "mission": np.full((1, 18), 3, np.uint8)}
-    np.testing.assert_array_equal(agent.apply(params, moved, RunningMoments.create(()))[0],
-                                  agent.apply(params, zeros_obs(spec.observation_space, 1), RunningMoments.create(()))[0])
+    still, moments = zeros_obs(spec.observation_space, 1), RunningMoments.create(())
+    moved = {**still, "mission": np.full((1, 18), 3, np.uint8)}
+    np.testing.assert_array_equal(agent.apply(params, moved, moments)[0], agent.apply(params, still, moments)[0])
 
 
 @pytest.mark.parametrize("module", [ppo, ppo_lstm, impala])
