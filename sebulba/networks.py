@@ -1,7 +1,8 @@
 """Agent building blocks every script shares: the IMPALA ResNet, MLP and MiniGrid encoders (the
 latter with a mission encoder and FiLM), the running statistics of observation normalisation and
 reward scaling, the three action distributions (categorical, diagonal Gaussian, tanh-squashed
-Gaussian), and the jitted policy function that actors and evaluation call. Each script's `Agent` puts its heads on these encoders.
+Gaussian), and the jitted policy function that actors and evaluation call. Each script's `Agent`
+puts its heads on these encoders.
 """
 
 from __future__ import annotations
