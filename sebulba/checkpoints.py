@@ -15,7 +15,6 @@ import jax
 import orbax.checkpoint as ocp
 
 from sebulba.config import ConfigError, RunFlags, normalization
-from sebulba.envs import has_dict_obs
 from sebulba.missions import reads_mission
 
 
@@ -88,10 +87,10 @@ def read_resume_meta(directory: Path, flags: RunFlags, num_processes: int = 1) -
     now_norm = normalization(flags.env_id, flags.norm_obs, flags.norm_reward)
     differ += [f"--{flag} {old} (now {new})" for flag, old, new in zip(("norm-obs", "norm-reward"), was,
                                                                        now_norm) if old != new]
-    if has_dict_obs(flags.env_id):  # a run from before --read-mission did not read it
-        was_read, now_read = (reads_mission(flags.env_id, f) for f in (saved.get("read_mission", False),
-                                                                          flags.read_mission))
-        differ += [f"--read-mission {was_read} (now {now_read})"] * (was_read != now_read)
+    # A run from before --read-mission did not read the mission.
+    was_read, now_read = (reads_mission(flags.env_id, f)
+                          for f in (saved.get("read_mission", False), flags.read_mission))
+    differ += [f"--read-mission {was_read} (now {now_read})"] * (was_read != now_read)
     if meta.get("num_processes", 1) != num_processes:  # the global batch would change
         differ.append(f"{meta.get('num_processes', 1)} process(es) (now {num_processes})")
     if differ:

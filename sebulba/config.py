@@ -343,7 +343,6 @@ def resolve_run(flags: RunFlags, num_steps: int, cluster: Cluster = Cluster()) -
     if has_dict_obs(flags.env_id) and norm_obs:
         raise ConfigError("--norm-obs is for vector observations; a MiniGrid observation holds object, colour and "
                           "state ids, which the network embeds")
-    read_mission = has_dict_obs(flags.env_id) and reads_mission(flags.env_id, flags.read_mission)
     if flags.read_mission and not has_dict_obs(flags.env_id):
         raise ConfigError(f"--read-mission is for MiniGrid and BabyAI tasks; {flags.env_id} has no mission")
     n = flags.local_num_envs
@@ -384,5 +383,5 @@ def resolve_run(flags: RunFlags, num_steps: int, cluster: Cluster = Cluster()) -
         process_id=cluster.process_id,
         norm_obs=norm_obs,
         norm_reward=norm_reward,
-        read_mission=read_mission,
+        read_mission=reads_mission(flags.env_id, flags.read_mission),
     )

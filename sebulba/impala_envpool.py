@@ -170,7 +170,7 @@ def make_agent(args: Args):
     num_actions = spec.action_space.shape[0] if continuous else spec.action_space.n
     agent = Agent(num_actions, tuple(args.channels), tuple(args.hiddens), is_atari(args.env_id), continuous,
                   normalization(args.env_id, args.norm_obs, args.norm_reward)[0], has_dict_obs(args.env_id),
-                  has_dict_obs(args.env_id) and reads_mission(args.env_id, args.read_mission))
+                  reads_mission(args.env_id, args.read_mission))
     return agent, spec
 
 

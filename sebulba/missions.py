@@ -71,7 +71,10 @@ def mission_varies(env_id: str) -> bool:
 
 
 def reads_mission(env_id: str, read_mission: bool | None) -> bool:
-    """--read-mission resolved: None reads it on the tasks whose mission varies (`mission_varies`)."""
+    """--read-mission resolved: False on tasks without a mission (EnvPool's dictionary observations
+    are MiniGrid's and BabyAI's); None reads it on the tasks whose mission varies (`mission_varies`)."""
+    if not env_id.startswith(("MiniGrid-", "BabyAI-")):
+        return False
     return mission_varies(env_id) if read_mission is None else read_mission
 
 

@@ -125,7 +125,8 @@ class Agent(nn.Module):
 
     def setup(self):
         self.encoder = (ImpalaEncoder(self.channels, self.hiddens) if self.atari else
-                        MiniGridEncoder(self.hiddens, mission=self.read_mission) if self.minigrid else MLPEncoder(self.hiddens))
+                        MiniGridEncoder(self.hiddens, mission=self.read_mission) if self.minigrid
+                        else MLPEncoder(self.hiddens))
         self.lstm = nn.OptimizedLSTMCell(self.lstm_size)
         self.policy_head = nn.Dense(self.num_actions, kernel_init=nn.initializers.orthogonal(0.01))
         self.value_head = nn.Dense(1, kernel_init=nn.initializers.orthogonal(1.0))
@@ -157,7 +158,7 @@ def make_agent(args: Args):
     num_actions = spec.action_space.shape[0] if continuous else spec.action_space.n
     agent = Agent(num_actions, tuple(args.channels), tuple(args.hiddens), is_atari(args.env_id), continuous,
                   normalization(args.env_id, args.norm_obs, args.norm_reward)[0], has_dict_obs(args.env_id),
-                  args.lstm_size, has_dict_obs(args.env_id) and reads_mission(args.env_id, args.read_mission))
+                  args.lstm_size, reads_mission(args.env_id, args.read_mission))
     return agent, spec
 
 
