@@ -87,6 +87,9 @@ def read_resume_meta(directory: Path, flags: RunFlags, num_processes: int = 1) -
     now_norm = normalization(flags.env_id, flags.norm_obs, flags.norm_reward)
     differ += [f"--{flag} {old} (now {new})" for flag, old, new in zip(("norm-obs", "norm-reward"), was,
                                                                        now_norm) if old != new]
+    # A run from before --atari-encoder used the IMPALA ResNet.
+    if "atari_encoder" not in saved and getattr(flags, "atari_encoder", "impala") != "impala":
+        differ.append(f"--atari-encoder impala (now {flags.atari_encoder})")
     # A run from before --read-mission did not read the mission.
     was_read, now_read = (reads_mission(flags.env_id, f)
                           for f in (saved.get("read_mission", False), flags.read_mission))

@@ -150,15 +150,25 @@ def check_env_id(env_id: str):
         raise ConfigError(f"--env-id {env_id} cannot run: {BROKEN_TASKS[env_id]}")
 
 
-def check_network(env_id: str, channels, hiddens):
-    """Atari's IMPALA ResNet needs at least one conv stack and one dense layer.
+ATARI_ENCODERS = ("impala", "nature")  # --atari-encoder's choices: sebulba.networks.make_atari_encoder
+
+
+def check_network(env_id: str, channels, hiddens, atari_encoder: str = "impala"):
+    """Atari's encoders: --atari-encoder names one of ATARI_ENCODERS; the IMPALA
+    ResNet needs at least one conv stack and one dense layer, the Nature CNN one dense layer.
 
     Raises:
-      ConfigError: `env_id` is not an EnvPool task (`check_env_id`, first), or --channels or
-        --hiddens is empty on an Atari task.
+      ConfigError: `env_id` is not an EnvPool task (`check_env_id`, first), --atari-encoder is
+        unknown, or --channels or --hiddens is empty where the Atari encoder needs them.
     """
     check_env_id(env_id)
-    if is_atari(env_id) and (not channels or not hiddens):
+    if atari_encoder not in ATARI_ENCODERS:
+        raise ConfigError(f"--atari-encoder {atari_encoder}: use one of {', '.join(ATARI_ENCODERS)}")
+    if not is_atari(env_id):
+        return
+    if atari_encoder == "nature" and not hiddens:
+        raise ConfigError("--hiddens is empty: the Nature CNN needs at least one dense layer (the paper's: 512)")
+    if atari_encoder == "impala" and (not channels or not hiddens):
         raise ConfigError(f"--channels {' '.join(map(str, channels))} --hiddens {' '.join(map(str, hiddens))}: "
                           "Atari's IMPALA ResNet needs at least one width in each (defaults: 16 32 32 and 256)")
 

@@ -61,8 +61,8 @@ from sebulba.devices import Placement, host
 from sebulba.envs import has_dict_obs, is_atari, make_spec, recv_batch
 from sebulba.learner import Bookkeeping, LearnerState, check_learner_memory, make_normalizer_update
 from sebulba.missions import reads_mission
-from sebulba.networks import (ImpalaEncoder, MiniGridEncoder, MLPEncoder, RunningMoments, entropy, log_prob,
-                               make_policy_fn)
+from sebulba.networks import (MiniGridEncoder, MLPEncoder, RunningMoments, entropy, log_prob, make_atari_encoder,
+                              make_policy_fn)
 from sebulba.rollouts import Rollout, RolloutAssembler, rollout_shapes, zeros_obs
 from sebulba.runtime import Run, run_cli
 from sebulba.threads import ParamsSlot, Stopped, Supervisor, Timer, timed_put
@@ -99,8 +99,10 @@ class Args(RunFlags):
     """baseline (value) loss coefficient"""
     max_grad_norm: float = 40.0
     """global gradient norm clip"""
+    atari_encoder: str = "impala"
+    """Atari encoder: impala (Espeholt et al. 2018's ResNet) or nature (Mnih et al. 2015's CNN; use --hiddens 512 for the paper's)"""
     channels: tuple[int, ...] = (16, 32, 32)
-    """IMPALA ResNet channels, one conv stack each (Atari)"""
+    """IMPALA ResNet channels, one conv stack each (Atari, --atari-encoder impala)"""
     hiddens: tuple[int, ...] = (256,)
     """dense layer widths after the ResNet (Atari), or of the MLP (vector observations)"""
 
@@ -113,7 +115,7 @@ def resolve(args: Args, cluster: Cluster = Cluster()) -> Setup:
     """
     check_ranges(args, positive=("num_steps",), above_zero=("learning_rate", "max_grad_norm", "rho_clip", "c_clip"),
                  unit_interval=("gamma", "vtrace_lambda"), non_negative=("ent_coef", "vf_coef"))
-    check_network(args.env_id, args.channels, args.hiddens)
+    check_network(args.env_id, args.channels, args.hiddens, args.atari_encoder)
     if args.optimizer not in ("rmsprop", "adam"):
         raise ConfigError(f"--optimizer {args.optimizer}: use rmsprop or adam")
     if args.c_clip > args.rho_clip:
@@ -128,7 +130,7 @@ def resolve(args: Args, cluster: Cluster = Cluster()) -> Setup:
 
 
 class Agent(nn.Module):
-    """Policy and value heads. Atari: one shared ResNet; MiniGrid's and BabyAI's dictionary
+    """Policy and value heads. Atari: one shared encoder (the IMPALA ResNet or the Nature CNN); MiniGrid's and BabyAI's dictionary
     observations: one shared MiniGridEncoder (id embeddings, the mission read where `read_mission`,
     then the `hiddens` layers); vector observations: separate policy and value MLPs (as in
     CleanRL's classic-control and MuJoCo PPO), so the value loss does not swamp the policy's
@@ -144,13 +146,14 @@ class Agent(nn.Module):
     norm_obs: bool = False
     minigrid: bool = False
     read_mission: bool = False  # MiniGrid/BabyAI: the encoder reads the mission (--read-mission, resolved)
+    atari_encoder: str = "impala"  # --atari-encoder
 
     @nn.compact
     def __call__(self, obs, obs_moments: RunningMoments | None = None):
         if self.norm_obs:
             obs = obs_moments.normalize(obs)
         if self.atari:
-            policy_x = value_x = ImpalaEncoder(self.channels, self.hiddens)(obs)
+            policy_x = value_x = make_atari_encoder(self.atari_encoder, self.channels, self.hiddens)(obs)
         elif self.minigrid:
             policy_x = value_x = MiniGridEncoder(self.hiddens, mission=self.read_mission)(obs)
         else:
@@ -170,7 +173,7 @@ def make_agent(args: Args):
     num_actions = spec.action_space.shape[0] if continuous else spec.action_space.n
     agent = Agent(num_actions, tuple(args.channels), tuple(args.hiddens), is_atari(args.env_id), continuous,
                   normalization(args.env_id, args.norm_obs, args.norm_reward)[0], has_dict_obs(args.env_id),
-                  reads_mission(args.env_id, args.read_mission))
+                  reads_mission(args.env_id, args.read_mission), args.atari_encoder)
     return agent, spec
 
 

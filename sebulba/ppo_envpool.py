@@ -61,7 +61,7 @@ from sebulba.devices import Placement, host
 from sebulba.envs import has_dict_obs, is_atari, make_spec, recv_batch
 from sebulba.missions import reads_mission
 from sebulba.learner import Bookkeeping, LearnerState, gib, learner_memory, make_normalizer_update
-from sebulba.networks import (ImpalaEncoder, MiniGridEncoder, MLPEncoder, RunningMoments, entropy, log_prob,
+from sebulba.networks import (MiniGridEncoder, MLPEncoder, RunningMoments, entropy, log_prob, make_atari_encoder,
                               make_policy_fn)
 from sebulba.rollouts import Rollout, RolloutAssembler, rollout_shapes, zeros_obs
 from sebulba.runtime import Run, run_cli
@@ -101,8 +101,10 @@ class Args(RunFlags):
     """value loss coefficient"""
     max_grad_norm: float = 0.5
     """global gradient norm clip"""
+    atari_encoder: str = "impala"
+    """Atari encoder: impala (Espeholt et al. 2018's ResNet) or nature (Mnih et al. 2015's CNN; use --hiddens 512 for the paper's)"""
     channels: tuple[int, ...] = (16, 32, 32)
-    """IMPALA ResNet channels, one conv stack each (Atari)"""
+    """IMPALA ResNet channels, one conv stack each (Atari, --atari-encoder impala)"""
     hiddens: tuple[int, ...] = (256,)
     """dense layer widths after the ResNet (Atari) or the MiniGrid id embeddings, or of the MLP (vector observations)"""
 
@@ -126,7 +128,7 @@ def resolve(args: Args, cluster: Cluster = Cluster()) -> Setup:
                  + ("gradient_accumulation_steps",) * (accumulation is not None),
                  above_zero=("learning_rate", "max_grad_norm", "clip_coef"), unit_interval=("gamma", "gae_lambda"),
                  non_negative=("ent_coef", "vf_coef"))
-    check_network(args.env_id, args.channels, args.hiddens)  # --env-id first
+    check_network(args.env_id, args.channels, args.hiddens, args.atari_encoder)  # --env-id first
     setup = resolve_run(args, args.num_steps, cluster)
     per_learner = args.num_steps * setup.envs_per_learner
     if per_learner % (args.num_minibatches * (accumulation or 1)):
@@ -144,7 +146,7 @@ def resolve(args: Args, cluster: Cluster = Cluster()) -> Setup:
 
 
 class Agent(nn.Module):
-    """Policy and value heads. Atari: one shared ResNet; MiniGrid's dictionary observations: one
+    """Policy and value heads. Atari: one shared encoder (the IMPALA ResNet or the Nature CNN); MiniGrid's dictionary observations: one
     shared MiniGridEncoder (id embeddings, then the `hiddens` layers); vector observations:
     separate policy and value MLPs (as in CleanRL's classic-control and MuJoCo PPO), so the
     value loss does not swamp the policy's features. With `norm_obs`, observations are first normalised by
@@ -160,13 +162,14 @@ class Agent(nn.Module):
     norm_obs: bool = False
     minigrid: bool = False
     read_mission: bool = False  # MiniGrid/BabyAI: the encoder reads the mission (--read-mission, resolved)
+    atari_encoder: str = "impala"  # --atari-encoder
 
     @nn.compact
     def __call__(self, obs, obs_moments: RunningMoments | None = None):
         if self.norm_obs:
             obs = obs_moments.normalize(obs)
         if self.atari:
-            policy_x = value_x = ImpalaEncoder(self.channels, self.hiddens)(obs)
+            policy_x = value_x = make_atari_encoder(self.atari_encoder, self.channels, self.hiddens)(obs)
         elif self.minigrid:
             policy_x = value_x = MiniGridEncoder(self.hiddens, mission=self.read_mission)(obs)
         else:
@@ -186,7 +189,7 @@ def make_agent(args: Args):
     num_actions = spec.action_space.shape[0] if continuous else spec.action_space.n
     agent = Agent(num_actions, tuple(args.channels), tuple(args.hiddens), is_atari(args.env_id), continuous,
                   normalization(args.env_id, args.norm_obs, args.norm_reward)[0], has_dict_obs(args.env_id),
-                  reads_mission(args.env_id, args.read_mission))
+                  reads_mission(args.env_id, args.read_mission), args.atari_encoder)
     return agent, spec
 
 

@@ -62,7 +62,8 @@ from sebulba.devices import host
 from sebulba.envs import has_dict_obs, is_atari, make_spec, recv_batch
 from sebulba.missions import reads_mission
 from sebulba.learner import Bookkeeping, LearnerState, check_learner_memory, make_normalizer_update
-from sebulba.networks import ImpalaEncoder, MiniGridEncoder, MLPEncoder, RecurrentPolicy, RunningMoments, make_policy_fn
+from sebulba.networks import (MiniGridEncoder, MLPEncoder, RecurrentPolicy, RunningMoments, make_atari_encoder,
+                              make_policy_fn)
 from sebulba.rollouts import Rollout, RolloutAssembler, rollout_shapes, zeros_obs
 from sebulba.runtime import Run, run_cli
 from sebulba.threads import ParamsSlot, Stopped, Supervisor, Timer, timed_put
@@ -106,7 +107,7 @@ def resolve(args: Args, cluster: Cluster = Cluster()) -> ppo.Setup:
 
 
 class Agent(nn.Module):
-    """Encoder -> LSTM -> policy and value heads. The encoder is the IMPALA ResNet (Atari), the
+    """Encoder -> LSTM -> policy and value heads. The encoder is the IMPALA ResNet or the Nature CNN (Atari, --atari-encoder), the
     MiniGridEncoder (dictionary observations) or an MLP (vector observations), shared by both
     heads as the LSTM is. A state [B, 2, lstm_size] float32 holds each row's (cell, hidden).
     `__call__` takes one step: (policy, value [B], new state); policy as in ppo_envpool.Agent
@@ -122,9 +123,10 @@ class Agent(nn.Module):
     minigrid: bool = False
     lstm_size: int = 128
     read_mission: bool = False  # MiniGrid/BabyAI: the encoder reads the mission (--read-mission, resolved)
+    atari_encoder: str = "impala"  # --atari-encoder
 
     def setup(self):
-        self.encoder = (ImpalaEncoder(self.channels, self.hiddens) if self.atari else
+        self.encoder = (make_atari_encoder(self.atari_encoder, self.channels, self.hiddens) if self.atari else
                         MiniGridEncoder(self.hiddens, mission=self.read_mission) if self.minigrid
                         else MLPEncoder(self.hiddens))
         self.lstm = nn.OptimizedLSTMCell(self.lstm_size)
@@ -158,7 +160,7 @@ def make_agent(args: Args):
     num_actions = spec.action_space.shape[0] if continuous else spec.action_space.n
     agent = Agent(num_actions, tuple(args.channels), tuple(args.hiddens), is_atari(args.env_id), continuous,
                   normalization(args.env_id, args.norm_obs, args.norm_reward)[0], has_dict_obs(args.env_id),
-                  args.lstm_size, reads_mission(args.env_id, args.read_mission))
+                  args.lstm_size, reads_mission(args.env_id, args.read_mission), args.atari_encoder)
     return agent, spec
 
 

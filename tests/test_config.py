@@ -65,6 +65,9 @@ def test_bad_shared_values_are_refused(change, message):
     (dict(clip_coef=-0.1), r"--clip-coef=-0.1 must be positive"),
     (dict(env_id="Breakout-v5", channels=()), r"Atari's IMPALA ResNet needs at least one width in each"),
     (dict(env_id="Breakout-v5", hiddens=()), r"--channels 16 32 32 --hiddens : Atari's IMPALA ResNet"),
+    (dict(atari_encoder="nat"), r"^--atari-encoder nat: use one of impala, nature$"),
+    (dict(env_id="Breakout-v5", atari_encoder="nature", hiddens=()),
+     r"^--hiddens is empty: the Nature CNN needs at least one dense layer \(the paper's: 512\)$"),
 ])
 def test_bad_ppo_values_are_refused(change, message):
     with pytest.raises(ConfigError, match=message):

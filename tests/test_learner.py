@@ -206,6 +206,38 @@ def test_frames_stay_uint8_until_the_network():
     assert float_frames and max(float_frames) == 64 // 4, float_frames  # one 16-frame microbatch (any layout)
 
 
+def test_nature_cnn_is_mnih_et_al_2015():
+    """--atari-encoder nature is the paper's network, layer by layer: its parameter count worked
+    out by hand, and its output equal to the three convolutions and the dense layer written with
+    lax on the same params. The default stays the IMPALA ResNet under its old name, so checkpoints
+    written before the flag existed still load."""
+    import sebulba.ppo_envpool as ppo
+    from sebulba.networks import NatureEncoder
+
+    encoder = NatureEncoder((512,))
+    frames = np.random.default_rng(0).integers(0, 256, (2, 4, 84, 84), dtype=np.uint8)
+    params = encoder.init(jax.random.PRNGKey(0), frames)["params"]
+    by_hand = (8 * 8 * 4 * 32 + 32) + (4 * 4 * 32 * 64 + 64) + (3 * 3 * 64 * 64 + 64) + (7 * 7 * 64 * 512 + 512)
+    assert by_hand == 1_684_128
+    assert sum(x.size for x in jax.tree.leaves(params)) == by_hand
+
+    x = jnp.transpose(frames, (0, 2, 3, 1)).astype(jnp.float32) / 255.0
+    for i, stride in enumerate((4, 2, 1)):
+        conv = params[f"Conv_{i}"]
+        x = jax.nn.relu(jax.lax.conv_general_dilated(x, conv["kernel"], (stride, stride), "VALID",
+                                                     dimension_numbers=("NHWC", "HWIO", "NHWC")) + conv["bias"])
+    assert x.shape == (2, 7, 7, 64)
+    expected = jax.nn.relu(x.reshape(2, -1) @ params["Dense_0"]["kernel"] + params["Dense_0"]["bias"])
+    np.testing.assert_allclose(encoder.apply({"params": params}, frames), expected, rtol=1e-5, atol=1e-5)
+
+    def encoder_names(**flags):
+        agent, spec = ppo.make_agent(ppo.Args(env_id="Breakout-v5", channels=(4,), hiddens=(16,), **flags))
+        return [k for k in ppo.init_params(agent, spec, jax.random.PRNGKey(0))["params"] if "Encoder" in k]
+
+    assert encoder_names() == ["ImpalaEncoder_0"]
+    assert encoder_names(atari_encoder="nature") == ["NatureEncoder_0"]
+
+
 LEARNER_FLAGS = dict(env_id="CartPole-v1", total_timesteps=1024, local_num_envs=8, num_steps=16, num_actor_threads=1,
                      hiddens=(64, 64), eval_episodes=0, learner_device_ids=[1, 2])
 
