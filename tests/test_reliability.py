@@ -310,17 +310,18 @@ def test_a_resume_refused_for_memory_leaves_the_run_as_it_was_and_keeps_its_micr
 
 @pytest.mark.parametrize("script", SCRIPTS)
 def test_deterministic_runs_are_bit_identical_and_a_stopped_run_resumes_into_the_same_run(script):
-    """Two runs with the same seed and layout, and (PPO: the stop and resume path is shared) a
-    third stopped by SIGTERM between checkpoints and resumed (on 2 learner devices: also checks
-    that resuming a multi-device CPU layout works), end with bit-identical parameters."""
+    """Two runs with the same seed and layout end with bit-identical parameters. For PPO the second
+    run is stopped by SIGTERM between checkpoints and resumed (on 2 learner devices: also checks
+    that resuming a multi-device CPU layout works); the stop and resume path is shared, so IMPALA's
+    second run goes straight through."""
     total = 8 * 16 * 2 * 24
     module = importlib.import_module(f"sebulba.{script}")
     flags = [*SMALL[script], "--total-timesteps", str(total), "--deterministic", "--checkpoint-interval", "4",
              "--learner-device-ids", "1", "2", "--log-frequency", "1"]
     first = module.main(tyro.cli(module.Args, args=[*flags, "--run-name", "first"]))
-    second = module.main(tyro.cli(module.Args, args=[*flags, "--run-name", "second"]))
-    assert first["params_sha256"] == second["params_sha256"]
     if script != "ppo_envpool":
+        second = module.main(tyro.cli(module.Args, args=[*flags, "--run-name", "second"]))
+        assert first["params_sha256"] == second["params_sha256"]
         return
 
     returncode, output = signal_at_update(start_run([*flags, "--run-name", "stopped"], script), 6, signal.SIGTERM)

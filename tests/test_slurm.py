@@ -30,10 +30,11 @@ FLAGS = ["--env-id", "CartPole-v1", "--local-num-envs", "8", "--num-steps", "16"
 
 
 def slurm(test):
-    """A test that needs the local cluster: marked slurm and slow, skipped where Slurm is missing."""
+    """A test that needs the local cluster: marked slurm and slow, skipped where Slurm is missing, and
+    run on one pytest-xdist worker (the cluster is one per worker: two would share its ports)."""
     skip = pytest.mark.skipif(bool(MISSING), reason=f"needs Slurm (missing {', '.join(MISSING)}): apt-get install "
                                                     "slurmctld slurmd slurm-client munge")
-    return pytest.mark.slurm(pytest.mark.slow(skip(test)))
+    return pytest.mark.xdist_group("slurm")(pytest.mark.slurm(pytest.mark.slow(skip(test))))
 
 
 @pytest.fixture(scope="module")
