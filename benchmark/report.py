@@ -3,8 +3,8 @@
     python benchmark/report.py                                   # benchmark/results -> benchmark/RESULTS.md, docs/img/
     python benchmark/report.py --results DIR --md FILE --img DIR
 
-Reads env_throughput.json, stages.json, e2e.json, time_to_solve.json, startup.json, memory.json, learning.json
-and gpu.json (whichever exist)
+Reads env_throughput.json, stages.json, e2e.json, time_to_solve.json, startup.json, memory.json, learning.json,
+gpu.json and peers.json (whichever exist)
 and writes every table and figure from them; nothing in RESULTS.md is typed by hand.
 """
 
@@ -22,6 +22,7 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
 from common import RESULTS, ROOT  # noqa: E402
+from peers import peers_section  # noqa: E402
 
 # The performance targets the project set itself, checked against the data.
 ACTOR_EFFICIENCY, LIMIT_FRACTION, CARTPOLE_SPS, SOLVE_S, BREAKOUT_SPS, ASYNC_RATIO, FIRST_UPDATE_S, RSS_RATIO = (
@@ -417,8 +418,8 @@ def save_fig(fig, path: Path):
 
 
 def report(results: Path, md: Path, img: Path) -> Path:
-    names = ("env_throughput", "stages", "e2e", "time_to_solve", "startup", "memory", "learning", "gpu")
-    env, stages, e2e, tts, start, mem, learn, gpu = parts = [load(results, n) for n in names]
+    names = ("env_throughput", "stages", "e2e", "time_to_solve", "startup", "memory", "learning", "gpu", "peers")
+    env, stages, e2e, tts, start, mem, learn, gpu, peers = parts = [load(results, n) for n in names]
     if not any(parts):
         raise SystemExit(f"no results in {results}: run benchmark/run.py first")
     rel = os.path.relpath(img, md.parent)
@@ -447,6 +448,8 @@ def report(results: Path, md: Path, img: Path) -> Path:
         lines += learning_section(learn, img, rel)
     if gpu:
         lines += gpu_section(gpu)
+    if peers:
+        lines += peers_section(peers, img, rel, save_fig)
     md.write_text("\n".join(lines))
     return md
 

@@ -179,3 +179,104 @@ def test_run_without_the_bench_extra_names_it_in_one_line(tmp_path):
     assert proc.returncode == 2 and proc.stdout == "", proc.stdout + proc.stderr
     lines = proc.stderr.strip().splitlines()
     assert len(lines) == 1 and "ale-py" in lines[0] and lines[0].endswith('pip install -e ".[bench]"'), proc.stderr
+
+
+def test_peer_outputs_become_curves_of_the_last_20_games_against_launch_time():
+    """Each system's progress as its users read it, into (seconds since launch, env steps, mean
+    return of the last 20 games): ours' console line, CleanRL's line per game (averaged here over
+    the last 20), the Zoo's SB3 table, Sample Factory's periodic report."""
+    import peers
+
+    ours = peers.Progress("ours")
+    ours.feed(5.0, "step        256 | update 1/400 | sps     120 | return      n/a | policy lag 0.00 (max 0) | eta  9s\n")
+    ours.feed(6.0, "step        512 | update 2/400 | sps     300 | return     21.5 | policy lag 1.00 (max 1) | eta  8s\n")
+    assert ours.points == [(6.0, 512, 21.5)]
+
+    cleanrl = peers.Progress("cleanrl")
+    for i in range(25):  # games of return 0, 1, ..., 24: the last 20 are 5..24
+        cleanrl.feed(float(i), f"global_step={100 * i}, episodic_return=[{i}.]\n")
+    cleanrl.feed(30.0, "SPS: 1234\n")
+    assert cleanrl.points[-1] == (24.0, 2400, sum(range(5, 25)) / 20) and len(cleanrl.points) == 25
+
+    sb3 = peers.Progress("sb3")
+    for line in ["| rollout/           |          |", "|    ep_len_mean     | 23       |",
+                 "|    ep_rew_mean     | 20.7     |", "| time/              |          |",
+                 "|    total_timesteps | 2048     |", "|    ep_rew_mean          | 1.02e+03    |",
+                 "|    total_timesteps      | 4096        |"]:
+        sb3.feed(7.0, line + "\n")
+    assert sb3.points == [(7.0, 2048, 20.7), (7.0, 4096, 1020.0)]
+
+    sf = peers.Progress("sample_factory")
+    sf.feed(9.0, "[2026-12-03 07:30:01,123][01234] Avg episode reward: [(0, '3.000')]\n")  # before any frame count
+    sf.feed(10.0, "[2026-12-03 07:30:05,123][01234] Fps is (10 sec: 4096.0, 60 sec: 4096.0, 300 sec: 4096.0). "
+                  "Total num frames: 40960. Throughput: 0: 4096.0. Samples: 40960. Policy #0 lag: (min: 0.0)\n")
+    sf.feed(10.1, "[2026-12-03 07:30:05,124][01234] Avg episode reward: [(0, '476.350')], avg true_objective\n")
+    assert sf.points == [(10.1, 40960, 476.35)]
+    assert sf.reached(475.0) == (10.1, 40960) and sf.reached(500.0) == (None, None)
+    sf.feed(12.0, "[2026-12-03 07:30:07,000][01234] Collected {0: 41472}, FPS: 3400.0\n")
+    assert sf.collected == 41472  # the env steps it ran: its last batch went past the budget
+
+
+def test_peer_commands_carry_the_same_ppo_in_each_systems_words(tmp_path):
+    """Equal work: the same batch, minibatches, epochs and learning rate in every system's flags;
+    the presets: each system's own defaults with only the logging window set."""
+    import peers
+
+    def value(argv, flag):
+        return argv[argv.index(flag) + 1]
+
+    h = peers.EQUAL["Hopper-v4"]
+    ours = peers.command("ours", "Hopper-v4", "equal", 3, tmp_path)
+    assert [value(ours, f) for f in ("--total-timesteps", "--local-num-envs", "--num-steps", "--num-minibatches",
+                                     "--update-epochs", "--learning-rate", "--seed")] == [
+        str(peers.BUDGET), "8", "256", "32", "10", "3e-4", "3"]
+    cleanrl = peers.command("cleanrl", "Hopper-v4", "equal", 3, tmp_path)
+    assert value(cleanrl, "-m") == "cleanrl.ppo_continuous_action"
+    assert [value(cleanrl, f) for f in ("--total-timesteps", "--num-envs", "--num-steps", "--num-minibatches",
+                                        "--update-epochs", "--learning-rate")] == [
+        str(peers.BUDGET), "8", "256", "32", "10", "0.0003"]
+    sb3 = peers.command("sb3", "Hopper-v4", "equal", 3, tmp_path)
+    assert value(sb3, "-n") == str(peers.BUDGET)
+    assert {"n_envs:8", "n_steps:256", "batch_size:64", "n_epochs:10", "learning_rate:'lin_0.0003'",
+            "normalize:True", "stats_window_size:20"} <= set(sb3)
+    sf = peers.command("sample_factory", "Hopper-v4", "equal", 3, tmp_path)
+    assert {f"--train_for_env_steps={peers.BUDGET}", "--batch_size=64", "--num_batches_per_epoch=32",
+            "--num_epochs=10", "--rollout=64", "--num_envs_per_worker=4", "--use_rnn=False"} <= set(sf)
+    assert h["envs"] * h["steps"] == 2048  # 32 minibatches of 64: every system's batch
+
+    assert peers.command("ours", "CartPole-v1", "preset", 1, tmp_path)[2:-8] == common.PPO_CARTPOLE
+    assert value(peers.command("sb3", "CartPole-v1", "preset", 1, tmp_path), "--hyperparams") == "stats_window_size:20"
+    assert "-n" not in peers.command("sb3", "CartPole-v1", "preset", 1, tmp_path)  # the Zoo's own budget
+    assert not any(a.startswith("--num-") for a in peers.command("cleanrl", "CartPole-v1", "preset", 1, tmp_path))
+    with pytest.raises(ValueError, match="unknown system rllib: use one of ours, cleanrl, sb3, sample_factory"):
+        peers.command("rllib", "CartPole-v1", "preset", 1, tmp_path)
+
+
+def test_peers_report_compares_each_peer_with_ours(tmp_path):
+    import peers
+
+    s = lambda v: common.spread([v])  # noqa: E731
+    machine = {"cpu": "test cpu", "cores": 2, "memory_gib": 1.0, "gpus": [], "python": "3.11", "versions": {},
+               "date": "2026-12-03"}
+    run = {"command": "python sebulba/ppo_envpool.py --env-id CartPole-v1 --seed 1", "curve": [(1.0, 256, 9.0),
+                                                                                               (10.0, 25600, 480.0)]}
+    data = {"machine": machine, "budget": 102400, "targets": peers.TARGETS, "caps": peers.CAPS, "window": 20,
+            "equal": peers.EQUAL, "peer_versions": {"extra": {"stable-baselines3": "2.9.2"}, "venv": {"cleanrl": "1.2.0"}},
+            "results": {"CartPole-v1": {
+                "equal": {"ours": {"name": "ours", "runs": [run], "error": None, "wall_s": s(30.0), "sps": s(3413.3),
+                                   "final_return": s(500.0)},
+                          "sb3": {"name": "SB3", "runs": [run], "error": None, "wall_s": s(60.0), "sps": s(1706.7),
+                                  "final_return": s(480.0)},
+                          "cleanrl": {"name": "CleanRL", "runs": [], "error": "Traceback\nImportError: no gym",
+                                      "wall_s": s(None), "sps": s(None), "final_return": s(None)}},
+                "preset": {"ours": {"name": "ours", "runs": [run], "error": None, "seconds": s(10.0),
+                                    "global_step": s(25600), "reached": 1, "seeds": 1},
+                           "sb3": {"name": "SB3", "runs": [run], "error": None, "seconds": s(25.0),
+                                   "global_step": s(20000), "reached": 1, "seeds": 1}}}}}
+    (tmp_path / "peers.json").write_text(json.dumps(data))
+    text = report.report(tmp_path, tmp_path / "RESULTS.md", tmp_path / "img").read_text()
+    assert "Beside this project (the `peers` extra): stable-baselines3 2.9.2; in .venv-peers/: cleanrl 1.2.0." in text
+    assert "| SB3 | 1 | 60 (60–60) | 1,707 (1,707–1,707) | 2.0× (missed) | 480 (480–480) |" in text
+    assert "| CleanRL | failed: ImportError: no gym |" in text
+    assert "| SB3 | 1 of 1 | 25 (25–25) | 20,000 (20,000–20,000) | 2.5× (met) |" in text
+    assert {p.name for p in (tmp_path / "img").iterdir()} == {"peers_cartpole.png"}
