@@ -133,6 +133,7 @@ def test_learning_targets_and_report(tmp_path):
     assert (tmp_path / "img" / "learning" / "HalfCheetah-v4_SAC_1M.png").exists()  # with PPO's curve beside it
 
 
+@pytest.mark.slow  # compiles programs (or starts processes): not the fast tier's math and bookkeeping
 @pytest.mark.parametrize("driver, reason", [(False, "nvidia-smi is not on this machine"), (True, "JAX sees no GPU")])
 def test_gpu_check_refuses_in_one_line_without_a_gpu(tmp_path, driver, reason):
     """On a CPU-only machine (and with an NVIDIA driver but a CPU-only JAX): exit 2, one line
@@ -241,13 +242,17 @@ def test_peer_commands_carry_the_same_ppo_in_each_systems_words(tmp_path):
             "normalize:True", "stats_window_size:20"} <= set(sb3)
     sf = peers.command("sample_factory", "Hopper-v4", "equal", 3, tmp_path)
     assert {f"--train_for_env_steps={peers.BUDGET}", "--batch_size=64", "--num_batches_per_epoch=32",
-            "--num_epochs=10", "--rollout=64", "--num_envs_per_worker=4", "--use_rnn=False"} <= set(sf)
+            "--num_epochs=10", "--rollout=64", "--num_envs_per_worker=4", "--use_rnn=False",
+            "--learning_rate=0.0003", "--lr_schedule=linear_decay"} <= set(sf)
     assert h["envs"] * h["steps"] == 2048  # 32 minibatches of 64: every system's batch
 
     assert peers.command("ours", "CartPole-v1", "preset", 1, tmp_path)[2:-8] == common.PPO_CARTPOLE
     assert value(peers.command("sb3", "CartPole-v1", "preset", 1, tmp_path), "--hyperparams") == "stats_window_size:20"
     assert "-n" not in peers.command("sb3", "CartPole-v1", "preset", 1, tmp_path)  # the Zoo's own budget
     assert not any(a.startswith("--num-") for a in peers.command("cleanrl", "CartPole-v1", "preset", 1, tmp_path))
+    sf_preset = peers.command("sample_factory", "CartPole-v1", "preset", 1, tmp_path)  # its docstring's command
+    assert {"--use_rnn=False", "--batch_size=512", "--reward_scale=0.1"} <= set(sf_preset)
+    assert not any(a.startswith("--train_for_env_steps") for a in sf_preset)
     with pytest.raises(ValueError, match="unknown system rllib: use one of ours, cleanrl, sb3, sample_factory"):
         peers.command("rllib", "CartPole-v1", "preset", 1, tmp_path)
 

@@ -4,6 +4,8 @@ The shared flags and batch arithmetic (sebulba/config.py) are tested on `RunFlag
 script's own hyperparameters through its `resolve`.
 """
 
+import contextlib
+import io
 import os
 import re
 import subprocess
@@ -118,13 +120,30 @@ def run_cli(script, *flags):
                           timeout=120, env={**os.environ, "COLUMNS": "400"})
 
 
-@pytest.mark.slow
+class Terminal(io.StringIO):
+    encoding = "utf-8"  # as a script's own stdout here; tyro draws its help's boxes in ASCII on other streams
+
+
+def cli(module, *flags) -> tuple[int, str, str]:
+    """A script's command line in this process, as its `__main__` runs it (`cli`): (exit code,
+    stdout, stderr). A fresh process per case would pay JAX's import each time;
+    test_help_piped_into_head_ends_quietly and the device-id case run the files themselves."""
+    stdout, stderr = Terminal(), Terminal()
+    with contextlib.redirect_stdout(stdout), contextlib.redirect_stderr(stderr):
+        try:
+            code = module.cli(list(flags))
+        except SystemExit as exit:  # tyro: --help, an unknown flag
+            code = exit.code
+    return code, stdout.getvalue(), stderr.getvalue()
+
+
 @pytest.mark.parametrize("script, module", [("ppo_envpool.py", ppo), ("impala_envpool.py", impala),
                                             ("ppo_lstm_envpool.py", ppo_lstm), ("sac_envpool.py", sac)])
-def test_cli_help_lists_every_flag_with_its_help_line(script, module):
-    out = run_cli(script, "--help")
-    assert out.returncode == 0
-    text = " ".join(out.stdout.split())
+def test_cli_help_lists_every_flag_with_its_help_line(script, module, monkeypatch):
+    monkeypatch.setenv("COLUMNS", "400")
+    code, stdout, _ = cli(module, "--help")
+    assert code == 0
+    text = " ".join(stdout.split())
     fields = module.Args.__dataclass_fields__
     hidden = {name for name, f in fields.items() if "Suppress" in str(f.type)}  # not a flag of this script
     docs = {name: f for name, f in fields.items() if name not in hidden}
@@ -140,20 +159,19 @@ def test_cli_help_lists_every_flag_with_its_help_line(script, module):
     for name in docs:
         help_line = re.search(rf"\n    {name}: [^\n]*\n    \"\"\"([^\n]*)\"\"\"\n", source).group(1)
         assert " ".join(help_line.split()) in text, (name, help_line)
-    entries = re.split(r"\n│ (?=-)", out.stdout.split("╭─ options")[1].split("╰")[0])[1:]
+    entries = re.split(r"\n│ (?=-)", stdout.split("╭─ options")[1].split("╰")[0])[1:]
     assert len(entries) == len(docs) + 1  # and --help
     for entry in entries:
         assert entry.rstrip().count("\n") <= 1, entry
 
 
-@pytest.mark.slow
-@pytest.mark.parametrize("script", ["ppo_envpool.py", "impala_envpool.py"])
-def test_cli_mistyped_env_id_is_one_line_with_suggestions(script):
-    out = run_cli(script, "--env-id", "CartPol-v1")
-    assert out.returncode == 2, out.stderr
-    lines = out.stderr.strip().splitlines()
+@pytest.mark.parametrize("module", [ppo, impala])
+def test_cli_mistyped_env_id_is_one_line_with_suggestions(module):
+    code, _, stderr = cli(module, "--env-id", "CartPol-v1")
+    assert code == 2, stderr
+    lines = stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith(
-        "error: --env-id CartPol-v1 is not an EnvPool task; did you mean CartPole-v1, "), out.stderr
+        "error: --env-id CartPol-v1 is not an EnvPool task; did you mean CartPole-v1, "), stderr
     assert not Path("runs").exists()
 
 
@@ -164,15 +182,18 @@ def test_help_piped_into_head_ends_quietly():
     assert out.stdout.startswith("usage:") and out.stderr == ""
 
 
-@pytest.mark.slow
 def test_cli_wrong_flag_and_bad_value_exit_nonzero_with_one_clear_line():
-    out = run_cli("ppo_envpool.py", "--num-envs", "8")
-    assert out.returncode != 0 and "--num-envs" in out.stderr
-    out = run_cli("ppo_envpool.py", "--env-id", "CartPole-v1", "--local-num-envs", "6", "--learner-device-ids", "0",
-                  "1", "2", "3")
-    assert out.returncode == 2
-    assert out.stderr.strip().splitlines()[-1] == (
-        "error: --local-num-envs=6 is not divisible by 4 learner devices; use 4 or 8")
+    code, _, stderr = cli(ppo, "--num-envs", "8")
+    assert code != 0 and "--num-envs" in stderr
+    code, _, stderr = cli(ppo, "--env-id", "CartPole-v1", "--local-num-envs", "6", "--learner-device-ids", "0", "1",
+                          "2", "3")
+    assert code == 2
+    assert stderr.strip().splitlines()[-1] == "error: --local-num-envs=6 is not divisible by 4 learner devices; use 4 or 8"
+
+
+@pytest.mark.slow
+def test_cli_device_ids_beyond_the_virtual_cpu_devices_are_one_line():
+    """In a process of its own: how many virtual devices JAX may make is settled before its backend starts."""
     out = run_cli("ppo_envpool.py", "--env-id", "CartPole-v1", "--learner-device-ids", "99")  # a typo for 9?
     assert out.returncode == 2 and out.stderr.strip().splitlines()[-1] == (
         "error: device id 99 requested but without an accelerator at most 64 virtual CPU devices are made; "

@@ -144,7 +144,8 @@ def accumulation_setup(n_acc: int, agent, obs_shape, obs_dtype, num_steps=8, num
 def test_gradient_accumulation_takes_the_same_step(norm_adv, learners):
     """--gradient-accumulation-steps 4 takes the step of 1, with --norm-adv and with auto-reset
     steps masked unevenly over the microbatches (--norm-adv's statistics and the masked means are
-    the minibatch's, not each microbatch's), on one learner device or two; the logged losses too."""
+    the minibatch's, not each microbatch's), on one learner device or two; the logged losses too.
+    (1 is the one-program update of an MLP, lax.scan over the steps; 4 is driven from Python.)"""
     agent = Agent(num_actions=2, channels=(), hiddens=(8,), atari=False)
     rng = np.random.default_rng(1)
     rollout = make_rollout(8, 4, 1.0, seed=5)
@@ -155,6 +156,7 @@ def test_gradient_accumulation_takes_the_same_step(norm_adv, learners):
     for n_acc in (1, 4):
         placement, state, update = accumulation_setup(n_acc, agent, (3,), np.float32, norm_adv=norm_adv,
                                                       learners=learners)
+        assert ("scanned" in update.programs) == (n_acc == 1)  # an MLP's whole update is one program
         state, metrics = update(state, placement.to_learners([rollout]), jax.random.PRNGKey(0))
         results.append((jax.device_get(state.params), jax.device_get(metrics)))
     (params_1, metrics_1), (params_4, metrics_4) = results
@@ -182,6 +184,7 @@ def working_memory(*args) -> int:
     return lowered(*args).compile().memory_analysis().temp_size_in_bytes
 
 
+@pytest.mark.slow  # compiles programs (or starts processes): not the fast tier's math and bookkeeping
 def test_gradient_accumulation_holds_one_microbatch_of_activations():
     """The promise of --gradient-accumulation-steps: less memory. Each microbatch is a program of
     its own, so a conv net's working memory shrinks with the microbatch (unrolled inside one
@@ -254,6 +257,7 @@ def small_learner():
     return args, setup, agent, placement, state, rollout_shapes(16, 8, spec, placement.env_sharded)
 
 
+@pytest.mark.slow  # compiles programs (or starts processes): not the fast tier's math and bookkeeping
 def test_a_learner_that_cannot_fit_is_refused_before_any_thread(monkeypatch, tmp_path):
     import sebulba.impala_envpool as impala
     import sebulba.learner

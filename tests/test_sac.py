@@ -286,6 +286,7 @@ def test_two_processes_share_one_learner_mesh_and_its_replay():
     assert config["derived"]["num_processes"] == 2 and config["derived"]["capacity_per_device"] == 2048
 
 
+@pytest.mark.slow  # compiles programs (or starts processes): not the fast tier's math and bookkeeping
 def test_a_buffer_that_does_not_fit_is_refused_before_any_thread(monkeypatch, tmp_path):
     """The memory check compiles the update with the buffer among its arguments: with 100 MiB
     free, a 4M-transition Pendulum buffer (33 bytes each: 132 MB) is refused in one line (a 10k
