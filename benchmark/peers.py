@@ -340,8 +340,10 @@ def peers_section(data: dict, img: Path, rel: str, save_fig) -> list[str]:
            "PPO in each system a user would pick instead, on this box in one sitting, each installed from PyPI "
            f"and run as its users run it. Beside this project (the `peers` extra): {listed(versions['extra'])}; in "
            f".venv-peers/: {listed(versions['venv'])}. Times are wall clock from launch to exit (or to the "
-           "target), imports and start-up included; ours compiles every program in each run (no compilation "
-           "cache across runs). Median (min–max) over seeds.", ""]
+           "target), imports and start-up included; ours ran with its default persistent compilation cache "
+           "(~/.cache/sebulba/jax), warm from earlier runs of the same sizes, as a user rerunning a command has it "
+           "(a first run on a machine compiles for about 4 s more: the startup section). Median (min–max) over "
+           "seeds.", ""]
     results = data["results"]
     for task, modes in results.items():
         equal = modes.get("equal", {})
