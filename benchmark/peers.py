@@ -141,12 +141,13 @@ def command(system: str, task: str, mode: str, seed: int, directory: Path) -> li
                f"--train_dir={directory / 'train_dir'}", f"--seed={seed}", "--device=cpu", f"--stats_avg={WINDOW}"]
         if not equal:
             return out + SF_PRESET[task]
-        # Rollouts of 64 (CartPole: 32) steps: Sample Factory's minibatches hold whole rollouts.
+        # Rollouts of 64 (CartPole: 32) steps: Sample Factory's minibatches hold whole rollouts. Its learning
+        # rate stays constant: --lr_schedule refuses linear_decay (its learner has it; only a launcher's defaults set it).
         rollout = min(h["steps"], h["envs"] * h["steps"] // h["minibatches"])
         out += [f"--train_for_env_steps={BUDGET}", "--num_workers=2", f"--num_envs_per_worker={h['envs'] // 2}",
                 f"--rollout={rollout}", f"--batch_size={h['envs'] * h['steps'] // h['minibatches']}",
                 "--num_batches_per_epoch=" + str(h["minibatches"]), f"--num_epochs={h['epochs']}",
-                f"--learning_rate={h['lr']}", "--lr_schedule=linear_decay", f"--gamma={h['gamma']}",
+                f"--learning_rate={h['lr']}", f"--gamma={h['gamma']}",
                 f"--gae_lambda={h['gae_lambda']}",
                 f"--ppo_clip_ratio={h['clip']}", f"--exploration_loss_coeff={h['ent']}",
                 f"--value_loss_coeff={h['vf']}", f"--max_grad_norm={h['max_grad_norm']}",
