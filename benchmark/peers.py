@@ -253,7 +253,8 @@ def run_one(system: str, task: str, mode: str, seed: int) -> dict:
         argv = command(system, task, mode, seed, Path(tmp))
         target = TARGETS[task] if mode == "preset" else None
         result = launch(argv, system, Path(tmp), target, CAPS[task] if mode == "preset" else 3 * CAPS[task])
-    result["command"] = " ".join(a.replace(str(ROOT), ".").replace(tmp, "$TMP") for a in argv)
+    result["command"] = " ".join(a.replace(str(ROOT), ".").replace(tmp, "$TMP") for a in argv[1:])
+    result["command"] = f"python {result['command']}" if argv[0] == sys.executable else f"{argv[0]} {result['command']}"
     result["seed"] = seed
     if mode == "equal":
         if result["code"] != 0:
@@ -378,7 +379,7 @@ def peers_section(data: dict, img: Path, rel: str, save_fig) -> list[str]:
                 theirs = r["seconds"]["median"]
                 ratio = ("" if system == "ours" or not ours or theirs is None else
                          f"{theirs / ours:.1f}× ({'met' if theirs >= 2 * ours else 'missed'})")
-                example = r["runs"][0]["command"].split(" --seed")[0] if r["runs"] else ""
+                example = re.sub(r"^/\S*/python ", "python ", r["runs"][0]["command"]) if r["runs"] else ""
                 out.append(f"| {r['name']} | {r['reached']} of {r['seeds']} | {fmt(r['seconds'])} | "
                            f"{fmt(r['global_step'])} | {ratio} | `{example}` |")
                 for i, run in enumerate(r["runs"]):
