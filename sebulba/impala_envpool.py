@@ -130,8 +130,8 @@ def resolve(args: Args, cluster: Cluster = Cluster()) -> Setup:
 
 
 class Agent(nn.Module):
-    """Policy and value heads. Atari: one shared encoder (the IMPALA ResNet or the Nature CNN); MiniGrid's and BabyAI's dictionary
-    observations: one shared MiniGridEncoder (id embeddings, the mission read where `read_mission`,
+    """Policy and value heads. Atari: one shared encoder (the IMPALA ResNet or the Nature CNN);
+    MiniGrid's and BabyAI's dictionary observations: one shared MiniGridEncoder (id embeddings, the mission read where `read_mission`,
     then the `hiddens` layers); vector observations: separate policy and value MLPs (as in
     CleanRL's classic-control and MuJoCo PPO), so the value loss does not swamp the policy's
     features. With `norm_obs`, observations are first normalised by `obs_moments`. Returns (policy, value [B]) where policy is logits [B, A] for discrete

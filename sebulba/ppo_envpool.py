@@ -146,9 +146,9 @@ def resolve(args: Args, cluster: Cluster = Cluster()) -> Setup:
 
 
 class Agent(nn.Module):
-    """Policy and value heads. Atari: one shared encoder (the IMPALA ResNet or the Nature CNN); MiniGrid's dictionary observations: one
-    shared MiniGridEncoder (id embeddings, then the `hiddens` layers); vector observations:
-    separate policy and value MLPs (as in CleanRL's classic-control and MuJoCo PPO), so the
+    """Policy and value heads. Atari: one shared encoder (the IMPALA ResNet or the Nature CNN);
+    MiniGrid's dictionary observations: one shared MiniGridEncoder (id embeddings, then the
+    `hiddens` layers); vector observations: separate policy and value MLPs (as in CleanRL's classic-control and MuJoCo PPO), so the
     value loss does not swamp the policy's features. With `norm_obs`, observations are first normalised by
     `obs_moments`. Returns (policy, value [B]) where policy is logits [B, A] for discrete
     actions, or (mean [B, A], log_std [B, A]) of a diagonal Gaussian whose log-std is a learned,
@@ -390,8 +390,8 @@ def make_update_fn(args: Args, agent: Agent, mesh: Mesh):
     drives update_epochs x num_minibatches x gradient_accumulation_steps programs (None counts
     as 1 here; `main` settles it first); dispatch is asynchronous, so the device runs them back
     to back. An agent without a conv net (not Atari) and without accumulation gets one
-    `scanned` program instead: `lax.scan` over epochs and minibatches of the same steps. The microbatches add up to the minibatch's own gradient, not an approximation of
-    it: each microbatch's masked means are weighted by its share of the minibatch's unmasked
+    `scanned` program instead: `lax.scan` over epochs and minibatches of the same steps. The
+    microbatches add up to the minibatch's own gradient, not an approximation of it: each microbatch's masked means are weighted by its share of the minibatch's unmasked
     transitions, and --norm-adv takes its statistics over the whole minibatch (up to float
     rounding, the same step as --gradient-accumulation-steps 1; the logged losses likewise).
     One program per microbatch, so that only one microbatch's
