@@ -242,7 +242,6 @@ def launch(argv: list[str], system: str, cwd: Path, target: float | None, cap: f
     seconds, steps = progress.reached(target) if target is not None else (None, None)
     return {"wall_s": round(wall, 2), "code": code, "capped": wall >= cap, "seconds": seconds, "global_step": steps,
             "final_return": progress.points[-1][2] if progress.points else None,
-            "final_step": progress.points[-1][1] if progress.points else None,
             "env_steps": progress.collected, "curve": [(round(t, 2), s, round(r, 1)) for t, s, r in progress.points],
             "tail": "".join(tail)[-3000:]}
 
@@ -253,8 +252,8 @@ def run_one(system: str, task: str, mode: str, seed: int) -> dict:
         argv = command(system, task, mode, seed, Path(tmp))
         target = TARGETS[task] if mode == "preset" else None
         result = launch(argv, system, Path(tmp), target, CAPS[task] if mode == "preset" else 3 * CAPS[task])
-    result["command"] = " ".join(a.replace(str(ROOT), ".").replace(tmp, "$TMP") for a in argv[1:])
-    result["command"] = f"python {result['command']}" if argv[0] == sys.executable else f"{argv[0]} {result['command']}"
+    # Paths relative to the checkout; the report writes this interpreter's absolute path as `python`.
+    result["command"] = " ".join(a.replace(str(ROOT), ".").replace(tmp, "$TMP") for a in argv)
     result["seed"] = seed
     if mode == "equal":
         if result["code"] != 0:
