@@ -55,6 +55,15 @@ GOTO_LOCAL = ["--env-id", "BabyAI-GoToLocal-v0", "--total-timesteps", "2000000",
               "--num-steps", "128", "--num-actor-threads", "1", "--hiddens", "128", "--num-minibatches", "32",
               "--update-epochs", "4", "--learning-rate", "1e-3", "--clip-coef", "0.2"]
 
+# Breakout-v5 by the scripts' protocol (Machado et al. 2018: sticky actions 0.25, the full 18 actions, no fire
+# reset, no life-loss signal; rewards clipped in training, raw returns reported). IMPALA learns more per hour of
+# this box than PPO: with the Nature CNN (--atari-encoder nature --hiddens 512), 12 envs x 32 steps, it ran at
+# ~300 env steps/s against PPO's ~134 (4 epochs x 4 minibatches: 16 gradient passes a frame to IMPALA's 1).
+# IMPALA's paper batch (32 envs x 20 steps) and optimiser (RMSProp 6e-4, eps 0.01, entropy 0.01, clip 40);
+# 1.5M env steps (6M frames) is what fits in ~90 minutes on 2 cores, of the 2M the benchmark asks for.
+BREAKOUT_IMPALA = ["--env-id", "Breakout-v5", "--total-timesteps", "1500000", "--num-actor-threads", "1",
+                   "--local-num-envs", "32", "--num-steps", "20", "--atari-encoder", "nature", "--hiddens", "512"]
+
 # SAC: the script's defaults are CleanRL's sac_continuous_action.py hyperparameters (1M env steps, buffer 1M,
 # 5k random steps, batch 256, lr 3e-4 / 1e-3, policy frequency 2, tau 0.005, autotuned alpha). CleanRL's
 # published SAC table is on the v2 tasks (MuJoCo-py); these rows run EnvPool's v4 (mujoco bindings).
@@ -89,6 +98,7 @@ TASKS = {
     "MiniGrid-GoToDoor-5x5-v0/PPO-mission-hidden/500k": ("ppo_envpool.py", [*GOTO_DOOR, "--read-mission", "False"],
                                                          3, None, "final success rate near its ceiling (≤ 0.35)"),
     "BabyAI-GoToLocal-v0/PPO/2M": ("ppo_envpool.py", GOTO_LOCAL, 1, None, None),
+    "Breakout-v5/IMPALA/1.5M": ("impala_envpool.py", BREAKOUT_IMPALA, 1, None, "last-20 mean ≥ 10 (random play ≈ 1.5)"),
 }
 EVAL_EPISODES = {name: 100 for name in TASKS if name.startswith(("MiniGrid", "BabyAI"))}  # others: 10
 QUICK_STEPS = {"HalfCheetah-v4/PPO/1M": 8192, "CartPole-v1/PPO/100k": 10240}  # --quick: these two, one seed
@@ -118,6 +128,8 @@ def met(target: str, runs: list[dict], reference) -> bool | None:
         return all(r.get("final_success") is not None and r["final_success"] <= 0.7 for r in runs)
     if target.startswith("final success rate near its ceiling"):
         return all(r.get("final_success") is not None and r["final_success"] <= 0.35 for r in runs)
+    if target.startswith("last-20 mean ≥ 10"):
+        return min(ends) >= 10
     if target.startswith("every seed reaches ≥ 475"):
         for r in runs:
             returns = [ret for _, ret in r["curve"] if ret is not None]

@@ -117,6 +117,8 @@ def test_learning_targets_and_report(tmp_path):
     assert learning.met("every seed's final success rate ≥ 0.9", [memory(0.97), memory(0.9)], None)
     assert not learning.met("every seed's final success rate ≥ 0.9", [memory(0.97), memory(0.89)], None)
     assert learning.met("final success rate near guessing (≤ 0.7)", [memory(0.52), memory(0.61)], None)
+    breakout = learning.TASKS["Breakout-v5/IMPALA/1.5M"][4]
+    assert learning.met(breakout, [run(10.0)], None) and not learning.met(breakout, [run(9.9)], None)
     assert not learning.met("final success rate near guessing (≤ 0.7)", [memory(0.52), memory(0.95)], None)
     machine = {"cpu": "test cpu", "cores": 2, "memory_gib": 1.0, "gpus": [], "python": "3.11", "versions": {},
                "date": "2026-12-01"}
