@@ -3,6 +3,7 @@
     python benchmark/e2e.py              # every layout and sweep, 3 repetitions (~50 min on 2 cores)
     python benchmark/e2e.py --quick      # PPO, CartPole-v1, a0-l0, 1 repetition (~35 s)
     python benchmark/e2e.py --recurrent  # only the PPO-LSTM rows and the PPO rows beside them (~15 min)
+    python benchmark/e2e.py --recurrent --task CartPole-v1  # of those, CartPole's (~5 min)
     python benchmark/e2e.py --off-policy # only the SAC rows (~12 min)
 
 Every run is the real script in a fresh process (`python sebulba/ppo_envpool.py ...
@@ -135,8 +136,9 @@ def configurations(quick: bool, recurrent: bool = False) -> list[dict]:
     return configs
 
 
-def run(quick: bool, reps: int, recurrent: bool = False, off_policy: bool = False) -> list[dict]:
+def run(quick: bool, reps: int, recurrent: bool = False, off_policy: bool = False, task: str | None = None) -> list[dict]:
     configs = off_policy_configurations() if off_policy else configurations(quick, recurrent)
+    configs = [c for c in configs if task in (None, c["task"])]
     if not (quick or recurrent or off_policy):
         configs += off_policy_configurations()
     commit = machine()["commit"]
@@ -173,11 +175,12 @@ if __name__ == "__main__":
                         help="only the PPO-LSTM rows and the PPO rows beside them, merged into the existing e2e.json")
     parser.add_argument("--off-policy", action="store_true",
                         help="only the SAC rows (Hopper-v4, replay ratios 1 and 0.1), merged into the existing e2e.json")
+    parser.add_argument("--task", choices=[*TASKS, "Hopper-v4"], help="only this task's rows, merged into the existing e2e.json")
     cli = parser.parse_args()
     reps = 1 if cli.quick else cli.reps
-    rows = run(cli.quick, reps, cli.recurrent, cli.off_policy)
+    rows = run(cli.quick, reps, cli.recurrent, cli.off_policy, cli.task)
     previous = cli.out / "e2e.json"
-    if (cli.recurrent or cli.off_policy) and previous.exists():
+    if (cli.recurrent or cli.off_policy or cli.task) and previous.exists():
         kept = json.loads(previous.read_text())
         if kept.get("quick") == cli.quick and kept.get("reps") == reps:
             rows = merge(kept, rows)

@@ -358,7 +358,10 @@ def make_update_fn(args: Args, agent: Agent, mesh: Mesh):
     row-0 states (`replay`: the encoder on all rows at once, `lax.scan` over the LSTM only),
     takes ppo_envpool's clipped loss on them, `lax.pmean`s the gradient over devices and
     applies one Adam step. The time axis is never split. Python drives update_epochs x
-    num_minibatches `step` programs, dispatched asynchronously.
+    num_minibatches `step` programs, dispatched asynchronously; an agent without a conv net
+    (not Atari) gets one `scanned` program instead, `lax.scan` over epochs and minibatches of
+    the same steps (as ppo_envpool's: on XLA:CPU a conv-net gradient inside `lax.scan` is
+    10-20x slower, so Atari keeps one program per step).
     """
     n_mb, env_axis = args.num_minibatches, P(None, "learner")
     norm_obs, norm_reward = normalization(args.env_id, args.norm_obs, args.norm_reward)
@@ -385,10 +388,23 @@ def make_update_fn(args: Args, agent: Agent, mesh: Mesh):
         grads = jax.lax.pmean(grads, "learner")
         return state.apply_gradients(grads=grads), jax.tree.map(lambda m: jax.lax.pmean(m, "learner"), metrics)
 
+    def scanned(state: LearnerState, obs, initial_state, data: ppo.Minibatch, key):
+        """Every epoch's minibatch steps in one program: lax.scan over epochs and minibatches."""
+        def epoch(state, epoch_key):
+            perm = shuffle_envs(data, epoch_key)
+            return jax.lax.scan(lambda state, index: one_step(state, obs, initial_state, data, perm, index),
+                                state, jnp.arange(n_mb))
+
+        state, metrics = jax.lax.scan(epoch, state, jax.random.split(key, args.update_epochs))
+        return state, jax.tree.map(jnp.mean, metrics)
+
+    shuffle_envs, one_step = shuffle, step  # per device, for `scanned` (the names below become programs)
     prepare = jax.jit(jax.shard_map(prepare, mesh=mesh, in_specs=(P(), env_axis), out_specs=env_axis))
     shuffle = jax.jit(jax.shard_map(shuffle, mesh=mesh, in_specs=(env_axis, P()), out_specs=env_axis))
     step = jax.jit(jax.shard_map(step, mesh=mesh, in_specs=(P(), env_axis, env_axis, env_axis, env_axis, P()),
                                  out_specs=(P(), P())))
+    scanned = None if agent.atari else jax.jit(jax.shard_map(
+        scanned, mesh=mesh, in_specs=(P(), env_axis, env_axis, env_axis, P()), out_specs=(P(), P())))
     index = [jax.make_array_from_process_local_data(NamedSharding(mesh, P()), np.int32(i)) for i in range(n_mb)]
 
     def update(state: LearnerState, batch: Sequences, key):
@@ -396,6 +412,9 @@ def make_update_fn(args: Args, agent: Agent, mesh: Mesh):
         obs_moments, return_moments = refresh_normalizers(state.obs_moments, state.return_moments, rollout)
         state = state.replace(return_moments=return_moments)
         data, metrics = prepare(return_moments, rollout), []
+        if scanned is not None:
+            state, metrics = scanned(state, rollout.obs, batch.initial_state, data, key)
+            return state.replace(obs_moments=obs_moments), metrics
         for epoch_key in jax.random.split(key, args.update_epochs):
             perm = shuffle(data, epoch_key)
             for minibatch in index:
@@ -405,7 +424,8 @@ def make_update_fn(args: Args, agent: Agent, mesh: Mesh):
                     jax.block_until_ready(state)
         return state.replace(obs_moments=obs_moments), jax.tree.map(lambda *m: jnp.mean(jnp.stack(m)), *metrics)
 
-    update.programs = {"prepare": prepare, "shuffle": shuffle, "step": step}  # for inspection
+    update.programs = {"prepare": prepare, "shuffle": shuffle, "step": step,  # for inspection
+                       **({"scanned": scanned} if scanned else {})}
     return update
 
 

@@ -135,6 +135,36 @@ def test_the_learners_replay_equals_acting_so_the_ratio_starts_at_one():
     assert abs(float(metrics["approx_kl"])) < 1e-6 and float(metrics["clipfrac"]) == 0.0
 
 
+def test_the_one_program_update_takes_the_python_driven_steps():
+    """Without a conv net the update is one `scanned` program (lax.scan over 2 epochs x 2
+    minibatches of whole sequences): the same Adam steps, on the same permutations, as the
+    `shuffle` and `step` programs driven from Python, and their metrics' mean."""
+    agent, params = small_agent()
+    sequences = drive_lstm_actor(scripted_pool(), agent, params)
+    devices = jax.devices()
+    placement = Placement([devices[0]], devices[1:3])
+    args = lstm.Args(env_id="CartPole-v1", hiddens=(8,), lstm_size=4, num_minibatches=2, update_epochs=2,
+                     local_num_envs=NUM_ENVS * 2, num_steps=NUM_STEPS)
+    state, _ = lstm.make_train_state(args, lstm.resolve(args), params, placement)
+    programs = lstm.make_update_fn(args, agent, placement.mesh).programs
+    batch = placement.to_learners(sequences[1:])  # 8 envs: 2 minibatches of 2 envs per learner device
+    data, key = programs["prepare"](state.return_moments, batch.rollout), jax.random.PRNGKey(7)
+    scanned, scanned_metrics = programs["scanned"](state, batch.rollout.obs, batch.initial_state, data, key)
+    metrics = []
+    for epoch_key in jax.random.split(key, 2):
+        perm = programs["shuffle"](data, epoch_key)
+        for i in range(2):
+            index = jax.device_put(np.int32(i), state.step.sharding)
+            state, m = programs["step"](state, batch.rollout.obs, batch.initial_state, data, perm, index)
+            metrics.append(m)
+    assert int(scanned.step) == int(state.step) == 4
+    for ours, theirs in zip(jax.tree.leaves(scanned.params), jax.tree.leaves(state.params)):
+        np.testing.assert_allclose(ours, theirs, rtol=1e-5, atol=1e-6)
+    for name, value in scanned_metrics.items():
+        np.testing.assert_allclose(value, np.mean([m[name] for m in metrics]), rtol=1e-4, atol=1e-6, err_msg=name)
+    assert not np.allclose(jax.tree.leaves(scanned.params)[0], jax.tree.leaves(params)[0])  # the steps moved it
+
+
 def test_the_hand_written_cell_is_flaxs_optimized_lstm_cell():
     """`lstm_cell` on `lstm_kernels` of an OptimizedLSTMCell's params (random, with a non-zero
     bias), fed x W_i + bias, steps random (c, h) exactly as flax's cell does, 5 steps chained,
