@@ -217,9 +217,12 @@ def test_nature_cnn_is_mnih_et_al_2015():
     import sebulba.ppo_envpool as ppo
     from sebulba.networks import NatureEncoder
 
-    encoder = NatureEncoder((512,))
-    frames = np.random.default_rng(0).integers(0, 256, (2, 4, 84, 84), dtype=np.uint8)
-    params = encoder.init(jax.random.PRNGKey(0), frames)["params"]
+    encoder, rng = NatureEncoder((512,)), np.random.default_rng(0)
+    frames = rng.integers(0, 256, (2, 4, 84, 84), dtype=np.uint8)
+    # The module's own parameter shapes, filled from numpy (flax's orthogonal init of the
+    # 3,136 x 512 kernel costs seconds of compilation and is not what is tested here).
+    shapes = jax.eval_shape(encoder.init, jax.random.PRNGKey(0), frames)["params"]
+    params = jax.tree.map(lambda x: rng.standard_normal(x.shape, np.float32) * 0.05, shapes)
     by_hand = (8 * 8 * 4 * 32 + 32) + (4 * 4 * 32 * 64 + 64) + (3 * 3 * 64 * 64 + 64) + (7 * 7 * 64 * 512 + 512)
     assert by_hand == 1_684_128
     assert sum(x.size for x in jax.tree.leaves(params)) == by_hand
@@ -235,7 +238,8 @@ def test_nature_cnn_is_mnih_et_al_2015():
 
     def encoder_names(**flags):
         agent, spec = ppo.make_agent(ppo.Args(env_id="Breakout-v5", channels=(4,), hiddens=(16,), **flags))
-        return [k for k in ppo.init_params(agent, spec, jax.random.PRNGKey(0))["params"] if "Encoder" in k]
+        shapes = jax.eval_shape(lambda: ppo.init_params(agent, spec, jax.random.PRNGKey(0)))
+        return [k for k in shapes["params"] if "Encoder" in k]
 
     assert encoder_names() == ["ImpalaEncoder_0"]
     assert encoder_names(atari_encoder="nature") == ["NatureEncoder_0"]

@@ -204,24 +204,26 @@ def test_the_hoisted_replay_and_its_gradient_equal_the_step_by_step_replay():
     restarting at random rows (rows 0 and 1 of env 0, two in a row for env 4)."""
     agent = lstm.Agent(num_actions=3, channels=(), hiddens=(8,), atari=False, lstm_size=6)
     params = agent.init(jax.random.PRNGKey(0), jnp.zeros((1, 3)), jnp.zeros((1, 2, 6)), MOMENTS)
-    params = jax.tree.map(lambda x: x + 0.3 * jax.random.normal(jax.random.PRNGKey(x.size), x.shape), params)
     rng = np.random.default_rng(1)
+    params = jax.tree.map(lambda x: x + 0.3 * rng.standard_normal(x.shape, np.float32), params)
     obs = jnp.asarray(rng.standard_normal((12, 5, 3)), jnp.float32)
     state = jnp.asarray(rng.standard_normal((5, 2, 6)), jnp.float32)
     starts = rng.random((12, 5)) < 0.25
     starts[:2, 0], starts[5:7, 4] = True, True
+    starts = jnp.asarray(starts)
     weights = jnp.asarray(rng.standard_normal((12, 5, 3)), jnp.float32)
 
     def loss(replayed):
         policy, values = replayed
         return jnp.sum(jax.nn.log_softmax(policy) * weights) + jnp.sum(jnp.sin(values))
 
-    ours = lstm.replay(agent, params, obs, state, jnp.asarray(starts), MOMENTS)
-    theirs = step_by_step_replay(agent, params, obs, state, jnp.asarray(starts))
+    def both(replay, p):  # (policy, values) and the loss's gradient, one compiled program each
+        return replay(p), jax.grad(lambda p: loss(replay(p)))(p)
+
+    ours, grads = jax.jit(lambda p: both(lambda p: lstm.replay(agent, p, obs, state, starts, MOMENTS), p))(params)
+    theirs, reference = jax.jit(lambda p: both(lambda p: step_by_step_replay(agent, p, obs, state, starts), p))(params)
     np.testing.assert_allclose(ours[0], theirs[0], rtol=1e-5, atol=1e-5)
     np.testing.assert_allclose(ours[1], theirs[1], rtol=1e-5, atol=1e-5)
-    grads = jax.grad(lambda p: loss(lstm.replay(agent, p, obs, state, jnp.asarray(starts), MOMENTS)))(params)
-    reference = jax.grad(lambda p: loss(step_by_step_replay(agent, p, obs, state, jnp.asarray(starts))))(params)
     for (path, g), r in zip(jax.tree_util.tree_leaves_with_path(grads), jax.tree.leaves(reference)):
         assert float(jnp.abs(r).max()) > 1e-3, jax.tree_util.keystr(path)  # every parameter gets a gradient
         np.testing.assert_allclose(g, r, rtol=1e-4, atol=1e-5, err_msg=jax.tree_util.keystr(path))
