@@ -8,7 +8,6 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
-import wandb
 from tensorboardX import SummaryWriter
 from tensorboardX.proto import event_pb2
 
@@ -39,6 +38,8 @@ class Logger:
             self.writer._get_file_writer().add_event(event_pb2.Event(step=resumed_at + 1, wall_time=time.time(),
                                                                      session_log=start))
         if track:
+            import wandb  # only with --track: its import is half a second of every launch
+
             self.wandb = wandb.init(project=project, entity=entity, name=run_name, id=wandb_id, resume="allow",
                                     dir=str(run_dir), config=config)
             self.wandb.define_metric("global_step")

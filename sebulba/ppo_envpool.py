@@ -195,7 +195,7 @@ def make_agent(args: Args):
 
 def init_params(agent: Agent, spec, key):
     moments = RunningMoments.create(() if agent.minigrid else spec.observation_space.shape)
-    return agent.init(key, zeros_obs(spec.observation_space, 1), moments)
+    return jax.jit(agent.init)(key, zeros_obs(spec.observation_space, 1), moments)  # one program: eager init is many
 
 
 # ---------------------------------------------------------------------------

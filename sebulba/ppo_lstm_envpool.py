@@ -166,7 +166,8 @@ def make_agent(args: Args):
 
 def init_params(agent: Agent, spec, key):
     moments = RunningMoments.create(() if agent.minigrid else spec.observation_space.shape)
-    return agent.init(key, zeros_obs(spec.observation_space, 1), np.zeros((1, 2, agent.lstm_size), np.float32), moments)
+    return jax.jit(agent.init)(key, zeros_obs(spec.observation_space, 1), np.zeros((1, 2, agent.lstm_size), np.float32),
+                               moments)  # one program: eager init is many
 
 
 def lstm_kernels(lstm_params):

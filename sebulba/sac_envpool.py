@@ -237,7 +237,7 @@ def make_agent(args: Args):
 
 
 def init_params(agent: Actor, spec, key):
-    return agent.init(key, zeros_obs(spec.observation_space, 1))
+    return jax.jit(agent.init)(key, zeros_obs(spec.observation_space, 1))  # one program: eager init is many
 
 
 # ---------------------------------------------------------------------------
@@ -384,8 +384,8 @@ def make_train_state(args: Args, setup: Setup, params, placement: Placement):
     spec = make_spec(args.env_id)
     critic = Critic(tuple(args.hiddens))
     critic_key = jax.random.fold_in(jax.random.PRNGKey(args.seed), 1)
-    critic_params = critic.init(critic_key, zeros_obs(spec.observation_space, 1),
-                                np.zeros((1, *spec.action_space.shape), np.float32))
+    critic_params = jax.jit(critic.init)(critic_key, zeros_obs(spec.observation_space, 1),
+                                         np.zeros((1, *spec.action_space.shape), np.float32))
     log_alpha = {"log_alpha": jnp.float32(0.0 if args.autotune else np.log(args.alpha))}  # (a dict: TrainState's)
     state = SACState.create(apply_fn=None, params=params, tx=optax.adam(args.policy_lr),
                             obs_moments=RunningMoments.create(()), return_moments=RunningMoments.create(()),
