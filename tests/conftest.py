@@ -1,5 +1,8 @@
 """Test setup: four virtual CPU devices (set before any JAX backend starts), runs in a temp dir,
-and one compilation cache for the session's runs and child processes (not the user's)."""
+and one persistent compilation cache for the whole session (not the user's): the tests' own
+programs, their runs and child processes, shared by the pytest-xdist workers (the controller
+makes it; the workers inherit its environment). Tests build the same small programs again and
+again (a fresh `make_update_fn` per test); from the second time on XLA's compile is a read."""
 
 import os
 import tempfile
@@ -7,7 +10,12 @@ import tempfile
 import jax
 import pytest
 
-os.environ["SEBULBA_COMPILATION_CACHE_DIR"] = tempfile.mkdtemp(prefix="sebulba-test-xla-cache-")  # read by RunFlags
+from sebulba.devices import use_compilation_cache
+
+if "SEBULBA_TEST_XLA_CACHE" not in os.environ:
+    os.environ["SEBULBA_TEST_XLA_CACHE"] = tempfile.mkdtemp(prefix="sebulba-test-xla-cache-")
+os.environ["SEBULBA_COMPILATION_CACHE_DIR"] = os.environ["SEBULBA_TEST_XLA_CACHE"]  # read by RunFlags
+use_compilation_cache(os.environ["SEBULBA_TEST_XLA_CACHE"])
 
 jax.config.update("jax_num_cpu_devices", 4)
 assert len(jax.devices()) == 4  # start the backend now: later requests cannot add devices

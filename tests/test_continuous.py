@@ -94,7 +94,7 @@ def test_a_collapsed_log_std_gives_no_nan():
     its log-prob, the entropy, the PPO loss and its gradient stay finite, and so do the params
     after an Adam step."""
     agent = Agent(6, (), (8,), atari=False, continuous=True)  # HalfCheetah's 6 action dimensions
-    params = agent.init(jax.random.PRNGKey(0), jnp.zeros((1, 3)))
+    params = jax.jit(agent.init)(jax.random.PRNGKey(0), jnp.zeros((1, 3)))
     params["params"]["log_std"] = jnp.full((6,), -110.0)
     obs = np.random.default_rng(0).normal(size=(16, 3)).astype(np.float32)
     action, _, logp, _, _ = make_policy_fn(agent, envpool.make_spec("HalfCheetah-v4").action_space)(
@@ -104,7 +104,8 @@ def test_a_collapsed_log_std_gives_no_nan():
     assert np.isfinite(log_prob(policy, policy[0])).all()  # the action at the mean itself: 0 / 0 without the floor
     mb = Minibatch(obs=jnp.asarray(obs), actions=jnp.asarray(action), logprobs=jnp.asarray(logp),
                    advantages=jnp.linspace(-1, 1, 16), returns=jnp.zeros(16), mask=jnp.ones(16))
-    (loss, _), grads = jax.value_and_grad(ppo_loss, has_aux=True)(params, agent.apply, mb, 0.2, 0.01, 0.5, True)
+    (loss, _), grads = jax.jit(lambda p: jax.value_and_grad(ppo_loss, has_aux=True)(p, agent.apply, mb, 0.2, 0.01, 0.5,
+                                                                                   True))(params)
     assert np.isfinite(float(loss)) and all(np.isfinite(g).all() for g in jax.tree.leaves(grads))
     tx = optax.adam(3e-4)
     updates, _ = tx.update(grads, tx.init(params))

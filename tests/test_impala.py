@@ -91,6 +91,10 @@ def test_value_targets_are_corrections_plus_values():
     np.testing.assert_allclose(advantages, [1, 0])
 
 
+# rlax's V-trace, one compiled program per piece length (eager, its scan and ops cost seconds per test)
+rlax_vtrace = jax.jit(rlax.vtrace_td_error_and_advantage, static_argnames=("clip_rho_threshold", "clip_pg_rho_threshold"))
+
+
 def assert_vtrace_matches_rlax_between_episode_ends(values, rewards, terminated, truncated, log_rhos, gamma, lam,
                                                     rho_clip, compared):
     """rlax has no truncation: the oracle is rlax run separately on every piece between episode
@@ -106,7 +110,7 @@ def assert_vtrace_matches_rlax_between_episode_ends(values, rewards, terminated,
         cuts = sorted({0, T, *[t + 1 for t in range(T) if ends[t, b]]})
         for start, stop in zip(cuts[:-1], cuts[1:]):
             s = slice(start, stop)
-            expected = rlax.vtrace_td_error_and_advantage(
+            expected = rlax_vtrace(
                 values[s, b], values[start + 1:stop + 1, b], rewards[s, b], discounts[s, b].astype(np.float32),
                 np.exp(log_rhos[s, b]), lam, clip_rho_threshold=rho_clip, clip_pg_rho_threshold=rho_clip)
             keep = compared[s, b]

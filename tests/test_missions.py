@@ -105,7 +105,7 @@ def test_the_encoder_sees_the_mission_and_its_gradients_reach_the_word_embedding
     obs["mission"] = MissionTokenizer("MiniGrid-GoToDoor-5x5-v0").encode_all(["go to the red door",
                                                                               "go to the blue door"])
     same_grid = jax.tree.map(lambda x: x[:1].repeat(2, 0), {k: v for k, v in obs.items() if k != "mission"})
-    policy, value = agent.apply(params, {**same_grid, "mission": obs["mission"]}, RunningMoments.create(()))
+    policy, value = jax.jit(agent.apply)(params, {**same_grid, "mission": obs["mission"]}, RunningMoments.create(()))
     assert not np.allclose(policy[0], policy[1]) and value[0] != value[1]
 
     # The gradient through a learner's loss: IMPALA's, on a rollout of these observations (its
