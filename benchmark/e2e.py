@@ -138,9 +138,9 @@ def configurations(quick: bool, recurrent: bool = False) -> list[dict]:
 
 def run(quick: bool, reps: int, recurrent: bool = False, off_policy: bool = False, task: str | None = None) -> list[dict]:
     configs = off_policy_configurations() if off_policy else configurations(quick, recurrent)
-    configs = [c for c in configs if task in (None, c["task"])]
     if not (quick or recurrent or off_policy):
         configs += off_policy_configurations()
+    configs = [c for c in configs if task in (None, c["task"])]
     commit = machine()["commit"]
     runs = {c["name"]: [] for c in configs}
     for rep in range(reps):  # interleaved, so drift in machine load hits every configuration alike
