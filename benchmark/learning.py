@@ -69,7 +69,7 @@ GOTO_LOCAL = ["--env-id", "BabyAI-GoToLocal-v0", "--total-timesteps", "2000000",
 # while the reported returns stay whole games.
 BREAKOUT_IMPALA = ["--env-id", "Breakout-v5", "--total-timesteps", "1500000", "--num-actor-threads", "1",
                    "--local-num-envs", "32", "--num-steps", "20", "--atari-encoder", "nature", "--hiddens", "512",
-                   "--learning-rate", "4.8e-4", "--ent-coef", "6e-4", "--episodic-life", "True"]
+                   "--learning-rate", "4.8e-4", "--ent-coef", "6e-4", "--episodic-life"]
 
 # SAC: the script's defaults are CleanRL's sac_continuous_action.py hyperparameters (1M env steps, buffer 1M,
 # 5k random steps, batch 256, lr 3e-4 / 1e-3, policy frequency 2, tau 0.005, autotuned alpha). CleanRL's
