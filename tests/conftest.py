@@ -2,15 +2,27 @@
 and one persistent compilation cache for the whole session (not the user's): the tests' own
 programs, their runs and child processes, shared by the pytest-xdist workers (the controller
 makes it; the workers inherit its environment). Tests build the same small programs again and
-again (a fresh `make_update_fn` per test); from the second time on XLA's compile is a read."""
+again (a fresh `make_update_fn` per test); from the second time on XLA's compile is a read.
+
+The suite compiles hundreds of small programs once each and runs most of them a few times, so
+its XLA:CPU backend generates code without LLVM's optimisations (XLA_FLAGS
+--xla_backend_optimization_level=0, inherited by every child process): the programs (HLO) are
+the same and compiling them takes about a quarter less CPU time (measured on tests/test_docs.py
+and tests/test_impala.py: 239 -> 184 CPU-seconds). Float results may differ in the last bits,
+as they may on another CPU: the learning tests' figures were measured at this level, and their
+thresholds leave room for other numerics. No test times anything. An XLA_FLAGS that sets the
+level itself is kept."""
 
 import os
 import tempfile
 
-import jax
-import pytest
+if "xla_backend_optimization_level" not in os.environ.get("XLA_FLAGS", ""):
+    os.environ["XLA_FLAGS"] = f"{os.environ.get('XLA_FLAGS', '')} --xla_backend_optimization_level=0".strip()
 
-from sebulba.devices import use_compilation_cache
+import jax  # noqa: E402  (after XLA_FLAGS: the backend reads it when it starts)
+import pytest  # noqa: E402
+
+from sebulba.devices import use_compilation_cache  # noqa: E402
 
 if "SEBULBA_TEST_XLA_CACHE" not in os.environ:
     os.environ["SEBULBA_TEST_XLA_CACHE"] = tempfile.mkdtemp(prefix="sebulba-test-xla-cache-")

@@ -89,15 +89,16 @@ def test_breakout_a0_l123_tiny_run_finishes(capsys):
 
 @pytest.mark.slow
 def test_cartpole_preset_learns():
-    """The mean return of the last 20 games reaches 450 within 500k env steps (the preset runs
-    100k) and the run ends far above a random policy (~20). --deterministic makes the run
-    the same every time on one machine and software (measured: 450 at 25k, 500 from 48k to
-    the end); the margins are for other CPUs, whose float results may differ."""
-    summary = main(Args(**CARTPOLE_PRESET, seed=1, deterministic=True, run_name="cartpole", log_frequency=10))
+    """The README preset cut from 100k to 51,200 env steps (the suite's time; its learning rate
+    then anneals faster): the mean return of the last 20 games reaches 450 within the run, which
+    ends far above a random policy (~20). --deterministic makes the run the same every time on
+    one machine and software (measured: 444 at 23k, 500 from 25.6k to the end and in the final
+    evaluation); the margins are for other CPUs, whose float results may differ."""
+    summary = main(Args(**{**CARTPOLE_PRESET, "total_timesteps": 51_200}, seed=1, deterministic=True,
+                        run_name="cartpole", log_frequency=10))
     curve = EventAccumulator("runs/cartpole").Reload().Scalars("charts/episodic_return")
-    solved_at = next((e.step for e in curve if e.value >= 450), None)
-    assert solved_at is not None and solved_at <= 500_000, [(e.step, round(e.value)) for e in curve]
-    assert summary["global_step"] <= 500_000 and summary["episodic_return_mean"] >= 200
+    assert any(e.value >= 450 for e in curve), [(e.step, round(e.value)) for e in curve]
+    assert summary["global_step"] == 51_200 and summary["episodic_return_mean"] >= 200
 
 
 @pytest.mark.slow
@@ -105,9 +106,9 @@ def test_an_agent_that_reads_the_mission_beats_the_ceiling_of_one_that_cannot():
     """MiniGrid-GoToDoor-5x5-v0: four doors of different colours, and the mission names the one to
     go to; without reading it an agent succeeds in about 1 game of 4 (0.24 over 100 games,
     benchmark/learning.py's mission-hidden row, 3 seeds). The preset cut to 81,920 env steps,
-    --deterministic, seed 1: measured, the mean return of the last 20 games reached 0.9 at 65k env
-    steps and the run ended with a success rate of 1.00 over 100 evaluation games; the threshold
-    leaves room for other CPUs' float results."""
+    --deterministic, seed 1: measured, the mean return of the last 20 games was 0.57 at 61k env
+    steps and 0.90 at the end, and the run ended with a success rate of 0.99 over 100 evaluation
+    games; the threshold leaves room for other CPUs' float results."""
     summary = main(Args(**{**GOTO_DOOR_PRESET, "total_timesteps": 81_920}, seed=1, deterministic=True,
                         run_name="goto_door", log_frequency=10, eval_episodes=100))
     assert summary["final_eval"]["success_rate"] >= 0.6, summary["final_eval"]
