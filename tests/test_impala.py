@@ -232,8 +232,8 @@ def test_cartpole_preset_learns():
     """The README preset, cut from 320k to 200k env steps (the suite's time; its learning rate
     then anneals faster), reaches a last-20 mean of 475, stays high after, and ends near the
     maximum. --deterministic makes the run the same every time on one machine and software
-    (measured: 475 at 120k, 500 from then on, at the end and in the final evaluation; about
-    30 s on 2 cores); the margins are for other CPUs."""
+    (measured: 475 at 120k, 500 from then on, at the end and in the final evaluation; about a
+    minute of the 2-core suite); the margins are for other CPUs."""
     summary = main(Args(**{**CARTPOLE_PRESET, "total_timesteps": 200_000}, seed=1, deterministic=True, run_name="cartpole",
                         log_frequency=10))
     curve = EventAccumulator("runs/cartpole").Reload().Scalars("charts/episodic_return")

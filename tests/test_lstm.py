@@ -446,7 +446,7 @@ CARTPOLE_PRESET = dict(env_id="CartPole-v1", total_timesteps=150_000, local_num_
 def test_cartpole_preset_learns():
     """The README preset with --deterministic, seed 1: the last-20 mean reaches 475 within its
     150k env steps (measured: 498 at 113k, 500 at 115k, 438 at the end, final evaluation 496;
-    ~40 s); the margins are for other CPUs."""
+    about a minute of the 2-core suite); the margins are for other CPUs."""
     summary = lstm.main(lstm.Args(**CARTPOLE_PRESET, seed=1, deterministic=True, run_name="lstm-cartpole",
                                   log_frequency=10))
     curve = EventAccumulator("runs/lstm-cartpole").Reload().Scalars("charts/episodic_return")
