@@ -38,8 +38,13 @@ def slurm(test):
 
 
 @pytest.fixture(scope="module")
-def cluster(tmp_path_factory):
+def cluster(tmp_path_factory, request):
     """The environment that points sbatch, srun and scontrol at a fresh two-node local cluster."""
+    grouped = [item.nodeid for item in request.session.items if item.get_closest_marker("xdist_group")]
+    if os.environ.get("PYTEST_XDIST_WORKER") and not all(nodeid.endswith("@slurm") for nodeid in grouped):
+        pytest.fail("pytest-xdist did not keep the Slurm tests on one worker (two clusters would share ports): "
+                    "pytest >= 9.2 with pytest-xdist 3.8 (pytest-dev/pytest-xdist#1386); install the dev extra's "
+                    "pytest, or run tests/test_slurm.py with -n 0", pytrace=False)
     directory = tmp_path_factory.mktemp("slurm")
     env = {**os.environ, "PATH": SEARCH_PATH, "SLURM_CONF": str(directory / "slurm.conf"), "PYTHONPATH": str(ROOT),
            "SCRIPT": str(ROOT / "tests" / "slurm_job.py"), "ACTOR_DEVICE_IDS": "0", "LEARNER_DEVICE_IDS": "1 2"}
