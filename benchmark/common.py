@@ -36,7 +36,7 @@ LINE = re.compile(r"^step\s+(\d+) \| update (\d+)/(\d+) \| sps\s+(\d+) \| return
 PPO_CARTPOLE = ["--env-id", "CartPole-v1", "--total-timesteps", "100000", "--local-num-envs", "8", "--num-steps",
                 "32", "--num-actor-threads", "1", "--hiddens", "64", "64", "--num-minibatches", "1",
                 "--update-epochs", "20", "--learning-rate", "1e-3", "--gamma", "0.98", "--gae-lambda", "0.8",
-                "--clip-coef", "0.2", "--ent-coef", "0.0"]
+                "--clip-coef", "0.2", "--ent-coef", "0.0", "--async-batch-size", "8"]
 IMPALA_CARTPOLE = ["--env-id", "CartPole-v1", "--total-timesteps", "320000", "--local-num-envs", "8", "--num-steps",
                    "8", "--num-actor-threads", "1", "--hiddens", "64", "64", "--optimizer", "adam",
                    "--learning-rate", "7e-4", "--ent-coef", "0.0", "--max-grad-norm", "8", "--norm-reward", "True",

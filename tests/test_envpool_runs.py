@@ -17,7 +17,8 @@ from sebulba.ppo_envpool import Args, main
 # The documented CartPole preset (README.md, docs/ppo_envpool.md).
 CARTPOLE_PRESET = dict(env_id="CartPole-v1", total_timesteps=100_000, local_num_envs=8, num_steps=32,
                        num_actor_threads=1, hiddens=(64, 64), num_minibatches=1, update_epochs=20,
-                       learning_rate=1e-3, gamma=0.98, gae_lambda=0.8, clip_coef=0.2, ent_coef=0.0)
+                       learning_rate=1e-3, gamma=0.98, gae_lambda=0.8, clip_coef=0.2, ent_coef=0.0,
+                       async_batch_size=8)
 
 
 # The documented MiniGrid-GoToDoor-5x5-v0 preset (docs/ppo_envpool.md): rl-starter-files' PPO settings.
