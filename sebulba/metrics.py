@@ -5,11 +5,23 @@ docs/impala_envpool.md; the learner's `Bookkeeping` (sebulba/learner.py) compute
 
 from __future__ import annotations
 
+import sys
 import time
 from pathlib import Path
 
-from tensorboardX import SummaryWriter
-from tensorboardX.proto import event_pb2
+# tensorboardX's writer imports torch where it is installed, only to accept torch tensors as
+# values (`try: import torch`): 2-3 s at every launch on a box with torch (measured on
+# tensorboardX 2.6). The scripts log floats, so that import is refused while tensorboardX loads;
+# torch itself stays importable afterwards, and a process that already has it keeps it.
+_blocked = "torch" not in sys.modules
+if _blocked:
+    sys.modules["torch"] = None  # `import torch` raises ImportError
+try:
+    from tensorboardX import SummaryWriter
+    from tensorboardX.proto import event_pb2
+finally:
+    if _blocked:
+        del sys.modules["torch"]
 
 
 class Logger:

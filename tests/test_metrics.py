@@ -1,5 +1,9 @@
 """The metric sinks (sebulba/metrics.py) read back with TensorBoard's own reader."""
 
+import os
+import subprocess
+import sys
+
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 from sebulba.metrics import Logger
@@ -23,3 +27,15 @@ def test_a_disabled_logger_writes_nothing(tmp_path):
     logger.log({"charts/sps": 1.0}, 1)
     logger.close()
     assert list(tmp_path.iterdir()) == []
+
+
+def test_loading_the_sinks_does_not_import_torch_where_it_is_installed(tmp_path):
+    """tensorboardX imports torch if it can (2-3 s at every launch); metrics.py refuses it that
+    import, and torch stays importable afterwards. A stand-in `torch` package records being imported."""
+    (tmp_path / "torch").mkdir()
+    (tmp_path / "torch" / "__init__.py").write_text("import sys\nsys.stderr.write('torch imported\\n')\nclass Tensor: pass\n")
+    code = "import sys\nimport sebulba.metrics\nprint('torch' in sys.modules)\nimport torch\nprint('torch' in sys.modules)"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
+                         env={**os.environ, "PYTHONPATH": os.pathsep.join([str(tmp_path), os.environ.get("PYTHONPATH", "")])})
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.split() == ["False", "True"] and out.stderr.count("torch imported") == 1, out.stdout + out.stderr
