@@ -4,6 +4,7 @@ import os
 import subprocess
 import sys
 
+import pytest
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 from sebulba.metrics import Logger
@@ -29,6 +30,7 @@ def test_a_disabled_logger_writes_nothing(tmp_path):
     assert list(tmp_path.iterdir()) == []
 
 
+@pytest.mark.slow  # a subprocess
 def test_loading_the_sinks_does_not_import_torch_where_it_is_installed(tmp_path):
     """tensorboardX imports torch if it can (2-3 s at every launch); metrics.py refuses it that
     import, and torch stays importable afterwards. A stand-in `torch` package records being imported."""
