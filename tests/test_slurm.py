@@ -12,6 +12,7 @@ import os
 import re
 import shutil
 import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -21,7 +22,8 @@ from sebulba.config import Cluster, first_host, slurm_coordinator
 
 ROOT = Path(__file__).resolve().parents[1]
 PROGRAMS = ("slurmctld", "slurmd", "munged", "sbatch", "srun", "scontrol", "sinfo")
-SEARCH_PATH = f"{os.environ['PATH']}:/usr/sbin:/sbin"
+# The jobs' `python` is this interpreter (a virtual environment need not be activated), then Slurm's daemons
+SEARCH_PATH = f"{Path(sys.executable).parent}:{os.environ['PATH']}:/usr/sbin:/sbin"
 MISSING = [p for p in PROGRAMS if shutil.which(p, path=SEARCH_PATH) is None]
 UPDATES = 24
 FLAGS = ["--env-id", "CartPole-v1", "--local-num-envs", "8", "--num-steps", "16", "--num-actor-threads", "1",
