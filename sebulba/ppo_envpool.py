@@ -492,8 +492,8 @@ def make_update_fn(args: Args, agent: Agent, mesh: Mesh):
         obs_moments, return_moments = refresh_normalizers(state.obs_moments, state.return_moments, rollout)
         state = state.replace(return_moments=return_moments)
         data = prepare(return_moments, rollout)
-        if scanned is not None:
-            state, metrics = scanned(state, rollout.obs, data, key)
+        if "scanned" in programs:
+            state, metrics = programs["scanned"](state, rollout.obs, data, key)
             return state.replace(obs_moments=obs_moments), metrics
         grads, metrics = zeros(state.params), []
         for epoch_key in jax.random.split(key, args.update_epochs):
@@ -509,18 +509,24 @@ def make_update_fn(args: Args, agent: Agent, mesh: Mesh):
                     jax.block_until_ready(state)
         return state.replace(obs_moments=obs_moments), jax.tree.map(lambda *m: jnp.mean(jnp.stack(m)), *metrics)
 
-    update.programs = {"prepare": prepare, "shuffle": shuffle, "gradient": gradient, "step": step,  # for inspection
-                       **({"scanned": scanned} if scanned else {})}
+    # For inspection, and for `fit_gradient_accumulation`, which puts the compiled one-program update in place.
+    programs = {"prepare": prepare, "shuffle": shuffle, "gradient": gradient, "step": step,
+                **({"scanned": scanned} if scanned else {})}
+    update.programs = programs
     return update
 
 
 def compile_gradient_step(update_fn, args: Args, state: LearnerState, rollout: Rollout):
-    """The learner's largest program, the one taking one (micro)batch's gradient, compiled ahead
-    of time for `rollout` (a Rollout of ShapeDtypeStructs); its memory analysis is what
-    `fit_gradient_accumulation` (through learner_memory) and benchmark/memory.py read."""
+    """The learner's largest program compiled ahead of time for `rollout` (a Rollout of
+    ShapeDtypeStructs): the whole update where it is one program (`scanned`), else the one
+    taking one (micro)batch's gradient. Its memory analysis is what `fit_gradient_accumulation`
+    (through learner_memory) and benchmark/memory.py read."""
     programs, replicated = update_fn.programs, state.step.sharding
     data = jax.eval_shape(programs["prepare"], state.return_moments, rollout)
-    perm = jax.eval_shape(programs["shuffle"], data, jax.ShapeDtypeStruct((2,), np.uint32, sharding=replicated))
+    key = jax.ShapeDtypeStruct((2,), np.uint32, sharding=replicated)
+    if "scanned" in programs:
+        return programs["scanned"].lower(state, rollout.obs, data, key).compile()
+    perm = jax.eval_shape(programs["shuffle"], data, key)
     index = jax.ShapeDtypeStruct((), np.int32, sharding=replicated)
     program = programs["step" if (args.gradient_accumulation_steps or 1) == 1 else "gradient"]
     return program.lower(state, state.params, rollout.obs, data, perm, index, index).compile()
@@ -548,8 +554,10 @@ def fit_gradient_accumulation(args: Args, setup: Setup, agent: Agent, state: Lea
     def measure(count: int):
         counted = dataclasses.replace(args, gradient_accumulation_steps=count)
         update_fn = make_update_fn(counted, agent, placement.mesh)
-        return update_fn, learner_memory(compile_gradient_step(update_fn, counted, state, rollout), placement, rollout,
-                                         host_rollouts)
+        compiled = compile_gradient_step(update_fn, counted, state, rollout)
+        if "scanned" in update_fn.programs:  # the update runs what was measured: compiled once, not again at its call
+            update_fn.programs["scanned"] = compiled
+        return update_fn, learner_memory(compiled, placement, rollout, host_rollouts)
 
     given, minibatch = args.gradient_accumulation_steps, setup.minibatch_size
     first = given or recorded or 1
