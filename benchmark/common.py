@@ -37,6 +37,11 @@ PPO_CARTPOLE = ["--env-id", "CartPole-v1", "--total-timesteps", "100000", "--loc
                 "32", "--num-actor-threads", "1", "--hiddens", "64", "64", "--num-minibatches", "1",
                 "--update-epochs", "20", "--learning-rate", "1e-3", "--gamma", "0.98", "--gae-lambda", "0.8",
                 "--clip-coef", "0.2", "--ent-coef", "0.0", "--async-batch-size", "8"]
+# CleanRL's MuJoCo PPO settings (ppo_continuous_action.py) over 8 envs x 256 steps, the whole pool per `recv`
+# (README's MuJoCo preset with --env-id and the task's budget, 1M env steps).
+PPO_MUJOCO = ["--total-timesteps", "1000000", "--local-num-envs", "8", "--num-steps", "256", "--num-actor-threads",
+              "1", "--hiddens", "64", "64", "--num-minibatches", "32", "--update-epochs", "10", "--learning-rate",
+              "3e-4", "--clip-coef", "0.2", "--ent-coef", "0.0", "--async-batch-size", "8"]
 IMPALA_CARTPOLE = ["--env-id", "CartPole-v1", "--total-timesteps", "320000", "--local-num-envs", "8", "--num-steps",
                    "8", "--num-actor-threads", "1", "--hiddens", "64", "64", "--optimizer", "adam",
                    "--learning-rate", "7e-4", "--ent-coef", "0.0", "--max-grad-norm", "8", "--norm-reward", "True",

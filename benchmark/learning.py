@@ -21,12 +21,8 @@ from __future__ import annotations
 import json
 import statistics
 
-from common import IMPALA_CARTPOLE, PPO_CARTPOLE, cli_parser, machine, run_script, save
+from common import IMPALA_CARTPOLE, PPO_CARTPOLE, PPO_MUJOCO, cli_parser, machine, run_script, save
 
-# CleanRL's MuJoCo PPO settings over 8 envs x 256 steps (the README / docs/ppo_envpool.md preset).
-PPO_MUJOCO = ["--total-timesteps", "1000000", "--local-num-envs", "8", "--num-steps", "256", "--num-actor-threads",
-              "1", "--hiddens", "64", "64", "--num-minibatches", "32", "--update-epochs", "10", "--learning-rate",
-              "3e-4", "--clip-coef", "0.2", "--ent-coef", "0.0"]
 # CleanRL ppo.py's CartPole settings: 4 envs x 128 steps, 4 minibatches x 4 epochs, lr 2.5e-4, entropy 0.01,
 # and its synchronous loop: --max-policy-lag 0 (with the default lag of 1 the same run ended at 339 ± 87).
 PPO_CARTPOLE_CLEANRL = ["--env-id", "CartPole-v1", "--total-timesteps", "500000", "--local-num-envs", "4",

@@ -48,7 +48,7 @@ import threading
 import time
 from pathlib import Path
 
-from common import PPO_CARTPOLE, RESULTS, ROOT, machine, spread
+from common import PPO_CARTPOLE, PPO_MUJOCO, RESULTS, ROOT, machine, spread
 
 BUDGET = 102_400  # env steps of the equal-work runs: 400 updates of 8 x 32 (CartPole), 50 of 8 x 256 (Hopper)
 TARGETS = {"CartPole-v1": 475.0, "Hopper-v4": 1000.0}  # mean return of the last WINDOW games
@@ -69,9 +69,7 @@ VENV_NO_DEPS = ["cleanrl==1.2.0"]  # its own pins (gym 0.23.1, Python < 3.11) ar
 # gamma 0.98, lambda 0.8, clip 0.2, no entropy bonus, separate 64-64 tanh policy and value MLPs).
 # Hopper: CleanRL's MuJoCo PPO over 8 envs x 256 steps (32 minibatches of 64 x 10 epochs, lr 3e-4
 # annealed, gamma 0.99, lambda 0.95, observation normalisation and reward scaling).
-PPO_HOPPER = ["--env-id", "Hopper-v4", "--total-timesteps", "1000000", "--local-num-envs", "8", "--num-steps", "256",
-              "--num-actor-threads", "1", "--hiddens", "64", "64", "--num-minibatches", "32", "--update-epochs", "10",
-              "--learning-rate", "3e-4", "--clip-coef", "0.2", "--ent-coef", "0.0"]
+PPO_HOPPER = ["--env-id", "Hopper-v4", *PPO_MUJOCO]
 EQUAL = {
     "CartPole-v1": dict(envs=8, steps=32, minibatches=1, epochs=20, lr=1e-3, gamma=0.98, gae_lambda=0.8, clip=0.2,
                         ent=0.0, vf=0.5, max_grad_norm=0.5, normalize=False),

@@ -149,7 +149,7 @@ def test_discounted_returns_restart_with_each_episode_and_scale_the_rewards():
 # The MuJoCo preset (docs/ppo_envpool.md): CleanRL's ppo_continuous_action.py settings over 8 envs x 256 steps.
 PRESET = ["--local-num-envs", "8", "--num-steps", "256", "--num-actor-threads", "1", "--hiddens", "64", "64",
           "--num-minibatches", "32", "--update-epochs", "10", "--learning-rate", "3e-4", "--clip-coef", "0.2",
-          "--ent-coef", "0.0"]
+          "--ent-coef", "0.0", "--async-batch-size", "8"]
 
 
 @pytest.mark.slow
