@@ -287,3 +287,16 @@ def test_peers_report_compares_each_peer_with_ours(tmp_path):
     assert "| CleanRL | failed: ImportError: no gym |" in text
     assert "| SB3 | 1 of 1 | 25 (25–25) | 20,000 (20,000–20,000) | 2.5× (met) |" in text
     assert {p.name for p in (tmp_path / "img").iterdir()} == {"peers_cartpole.png"}
+
+
+def test_time_to_score_median_ranks_a_seed_that_never_scored_slowest():
+    import peers
+
+    runs = lambda *secs: [{"seconds": v, "global_step": None if v is None else int(v * 1000)} for v in secs]  # noqa: E731
+    two_of_three = peers.summarise(runs(18.0, None, 41.0), "preset")
+    seconds = two_of_three["seconds"]
+    assert (seconds["median"], seconds["min"], seconds["max"]) == (41.0, 18.0, 41.0)
+    assert (two_of_three["global_step"]["median"], two_of_three["reached"], two_of_three["seeds"]) == (41000, 2, 3)
+    assert peers.summarise(runs(18.0, None, None), "preset")["seconds"]["median"] is None
+    assert peers.summarise(runs(10.0, 20.0, 30.0, None), "preset")["seconds"]["median"] == 25.0
+    assert peers.summarise(runs(10.0, 20.0, None, None), "preset")["seconds"]["median"] is None
