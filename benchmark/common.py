@@ -90,10 +90,16 @@ def machine() -> dict:
     """Code version (git), CPU model, cores, GPUs (nvidia-smi), Python and library versions, date."""
     cpu = platform.processor() or "unknown"
     if Path("/proc/cpuinfo").exists():
+        # A "model name" alone can hide two generations ("AMD EPYC": AVX2-only boxes and AVX-512 ones, whose
+        # matmuls differ by 2-3x): family, model and the widest vector unit come with it.
+        info = {}
         for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                cpu = line.split(":", 1)[1].strip()
-                break
+            key, _, value = line.partition(":")
+            info.setdefault(key.strip(), value.strip())
+        flags = info.get("flags", "").split()
+        isa = "AVX-512" if "avx512f" in flags else "AVX2" if "avx2" in flags else None
+        cpu = ", ".join(x for x in (info.get("model name", cpu), info.get("cpu family") and
+                                    f"family {info['cpu family']} model {info.get('model', '?')}", isa) if x)
     gpus = []
     if shutil.which("nvidia-smi"):
         out = subprocess.run(["nvidia-smi", "--query-gpu=name,memory.total", "--format=csv,noheader"],
