@@ -141,7 +141,7 @@ def run(quick: bool, reps: int, recurrent: bool = False, off_policy: bool = Fals
     if not (quick or recurrent or off_policy):
         configs += off_policy_configurations()
     configs = [c for c in configs if task in (None, c["task"])]
-    commit = machine()["commit"]
+    commit, cpu = machine()["commit"], machine()["cpu"]
     runs = {c["name"]: [] for c in configs}
     for rep in range(reps):  # interleaved, so drift in machine load hits every configuration alike
         for c in configs:
@@ -155,16 +155,18 @@ def run(quick: bool, reps: int, recurrent: bool = False, off_policy: bool = Fals
         rows.append({**c, **{k: spread([r[k] for r in rs]) for k in ("sps", "updates_per_s", "time_to_first_update_s",
                                                                      "cpu_s_per_step", "peak_rss_mib")},
                      "cpu_per_core": [spread(list(x))["median"] for x in zip(*(r["cpu_per_core"] for r in rs))],
-                     "cpu_series": rs[0]["cpu_series"], "sps_runs": [r["sps"] for r in rs], "commit": commit,
+                     "cpu_series": rs[0]["cpu_series"], "sps_runs": [r["sps"] for r in rs], "commit": commit, "cpu": cpu,
                      **{k: spread([r[k] for r in rs]) for k in ("actor_waiting_share", "learner_waiting_share",
                                                                 "update_gradient_steps_per_s") if k in rs[0]}})
     return rows
 
 
 def merge(previous: dict, rows: list[dict]) -> list[dict]:
-    """The previous run's rows with `rows` in place of those of the same name (new names appended)."""
+    """The previous run's rows with `rows` in place of those of the same name (new names appended); a
+    kept row without its own commit or CPU takes the previous run's (the file's `machine` becomes the new run's)."""
     new = {r["name"]: r for r in rows}
-    kept = [new.pop(r["name"], None) or {"commit": previous["machine"].get("commit"), **r} for r in previous["rows"]]
+    kept = [new.pop(r["name"], None) or {"commit": previous["machine"].get("commit"), "cpu": previous["machine"].get("cpu"),
+                                         **r} for r in previous["rows"]]
     return kept + list(new.values())
 
 

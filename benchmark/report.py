@@ -45,13 +45,15 @@ def load(results: Path, name: str) -> dict | None:
 
 def machine_section(data: list[dict], names: list[str]) -> list[str]:
     m = next(d["machine"] for d in data if d)
-    commits = ", ".join(f"{n} {d['machine'].get('commit') or '?'}" for n, d in zip(names, data) if d)
+    commits = ", ".join(f"{n} {d['machine'].get('commit') or '?'}"  # a part measured on another CPU names it
+                        + ("" if d["machine"]["cpu"] == m["cpu"] else f" (on {d['machine']['cpu']})")
+                        for n, d in zip(names, data) if d)
     gpus = ", ".join(m["gpus"]) or "none"
     dates = " to ".join(sorted({d["machine"]["date"] for d in data if d}))
     versions = ", ".join(f"{k} {v}" for k, v in m["versions"].items() if v)
     return ["## Machine", "", "| | |", "| --- | --- |", f"| CPU | {m['cpu']}, {m['cores']} cores, "
             f"{m['memory_gib']} GiB |", f"| GPU | {gpus} |", f"| software | Python {m['python']}, {versions} |",
-            f"| date | {dates} |", f"| code (git) per part | {commits} |", ""]
+            f"| date | {dates} |", f"| code (git) per part, and the CPU where it differs | {commits} |", ""]
 
 
 def env_section(env: dict, img: Path, rel: str) -> list[str]:
@@ -129,6 +131,12 @@ def find(e2e: dict | None, algo: str, task: str, layout: str, mode: str, sweep: 
     return None
 
 
+def elsewhere(row: dict, data: dict) -> str:
+    """", on <CPU>" where a row was measured on another CPU than its file's machine (a merged re-run)."""
+    cpu = row.get("cpu") or data["machine"]["cpu"]
+    return "" if cpu == data["machine"]["cpu"] else f", on {cpu}"
+
+
 def e2e_section(e2e: dict, stages: dict | None, img: Path, rel: str) -> list[str]:
     out = ["## End to end, asynchronous vs synchronous (`benchmark/e2e.py`)", "",
            f"The real scripts in fresh processes; median (min–max) of {e2e['reps']} runs. Steady rates exclude the "
@@ -143,7 +151,7 @@ def e2e_section(e2e: dict, stages: dict | None, img: Path, rel: str) -> list[str
         out.append(f"| {r['algo']} | {r['task']} | {r['layout']} | {r['mode']}{r['sweep']} | {fmt(r['sps'])} | "
                    f"{fmt(r['updates_per_s'], 2)} | {fmt(r['time_to_first_update_s'], 1)} | "
                    f"{' / '.join(f'{c:.0f}' for c in r['cpu_per_core'])} | {fmt(r.get('peak_rss_mib'))} | "
-                   f"{r.get('commit') or e2e['machine'].get('commit') or '?'} |")
+                   f"{r.get('commit') or e2e['machine'].get('commit') or '?'}{elsewhere(r, e2e)} |")
     recurrent = [(r, find(e2e, "PPO", r["task"], r["layout"], r["mode"], r["sweep"]))
                  for r in e2e["rows"] if r["algo"] == "PPO-LSTM"]
     if recurrent:

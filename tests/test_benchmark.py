@@ -81,10 +81,14 @@ def test_e2e_recurrent_rows_sit_beside_ppo_and_merge_by_name():
                     ("Breakout-v5", "a0-l1,2,3", "async")]
     assert [(r["task"], r["layout"], r["mode"]) for r in rows if r["algo"] == "PPO"] == lstm
     assert all(r["script"] == "ppo_lstm_envpool.py" for r in rows if r["algo"] == "PPO-LSTM")
-    previous = {"machine": {"commit": "old"}, "rows": [{"name": "a", "sps": 1}, {"name": "b", "sps": 2}]}
-    merged = e2e.merge(previous, [{"name": "b", "sps": 3, "commit": "new"}, {"name": "c", "sps": 4, "commit": "new"}])
-    assert merged == [{"name": "a", "sps": 1, "commit": "old"}, {"name": "b", "sps": 3, "commit": "new"},
-                      {"name": "c", "sps": 4, "commit": "new"}]
+    previous = {"machine": {"commit": "old", "cpu": "old cpu"},
+                "rows": [{"name": "a", "sps": 1}, {"name": "b", "sps": 2}, {"name": "d", "sps": 5, "commit": "older"}]}
+    merged = e2e.merge(previous, [{"name": "b", "sps": 3, "commit": "new", "cpu": "new cpu"},
+                                  {"name": "c", "sps": 4, "commit": "new", "cpu": "new cpu"}])
+    assert merged == [{"name": "a", "sps": 1, "commit": "old", "cpu": "old cpu"},
+                      {"name": "b", "sps": 3, "commit": "new", "cpu": "new cpu"},
+                      {"name": "d", "sps": 5, "commit": "older", "cpu": "old cpu"},
+                      {"name": "c", "sps": 4, "commit": "new", "cpu": "new cpu"}]
 
 
 def test_e2e_off_policy_rows_are_sac_at_two_replay_ratios():
