@@ -301,7 +301,7 @@ def learning_section(learn: dict, img: Path, rel: str) -> list[str]:
         cut = f" (cut to {r['budget']:,} env steps)" if r.get("budget") else ""  # learning.py --budget
         out.append(f"| {name}{cut} | {len(r['runs'])} | {reference} | {mean_std([x['end_return'] for x in r['runs']])} | "
                    f"{mean_std([x['final_eval'] for x in r['runs']])}{success} | {r['target'] or '–'} | {verdict} | {wall:,.0f} s | "
-                   f"{r.get('commit') or learn['machine'].get('commit') or '?'} |")
+                   f"{r.get('commit') or learn['machine'].get('commit') or '?'}{elsewhere(r, learn)} |")
         fig, ax = plt.subplots(figsize=(6, 3.5))
         curves = [[(s, v) for s, v in run["curve"] if v is not None] for run in r["runs"]]
         curves = [c for c in curves if c]
