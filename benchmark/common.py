@@ -90,8 +90,8 @@ def machine() -> dict:
     """Code version (git), CPU model, cores, GPUs (nvidia-smi), Python and library versions, date."""
     cpu = platform.processor() or "unknown"
     if Path("/proc/cpuinfo").exists():
-        # A "model name" alone can hide two generations ("AMD EPYC": AVX2-only boxes and AVX-512 ones, whose
-        # matmuls differ by 2-3x): family, model and the widest vector unit come with it.
+        # A "model name" alone can hide two generations ("AMD EPYC": AVX2-only boxes and AVX-512 ones, on which
+        # the same scripts ran 2-3x apart): family, model and the widest vector unit come with it.
         info = {}
         for line in Path("/proc/cpuinfo").read_text().splitlines():
             key, _, value = line.partition(":")

@@ -51,11 +51,12 @@ def test_report_renders_tables_targets_and_plots(tmp_path):
     (tmp_path / "e2e.json").write_text(json.dumps({"machine": machine, "reps": 1, "rows": [
         {**row, "mode": "async", "sps": s(30_000)}, {**row, "mode": "sync", "sps": s(15_000)},
         {**row, "algo": "PPO-LSTM", "mode": "async", "sps": s(12_000), "time_to_first_update_s": s(18),
-         "commit": "abc1234"},
+         "commit": "abc1234", "cpu": "other cpu"},  # re-measured on another box and merged
         {**row, "algo": "SAC", "task": "Hopper-v4", "mode": "async", "sweep": ", replay ratio 0.1", "replay_ratio": 0.1,
          "sps": s(2_000), "update_gradient_steps_per_s": s(150), "actor_waiting_share": s(0.05),
          "learner_waiting_share": s(0.6), "commit": "abc1234"}]}))
-    (tmp_path / "startup.json").write_text(json.dumps({"machine": machine, "updates": 3, "results": {"PPO": {
+    (tmp_path / "startup.json").write_text(json.dumps({"machine": {**machine, "cpu": "other cpu", "commit": "def5678"},
+                                                       "updates": 3, "results": {"PPO": {
         "runs": [{"cache_entries": 59}], "first_s": s(5.9), "second_s": s(2.9)}}}))
     md = report.report(tmp_path, tmp_path / "RESULTS.md", tmp_path / "img")
     text = md.read_text()
@@ -63,7 +64,9 @@ def test_report_renders_tables_targets_and_plots(tmp_path):
     assert "| async ÷ sync, PPO CartPole-v1 a0-l0 | 2.00 | ≥ 1.5 | met |" in text
     assert "| actor efficiency, CartPole-v1 | 0.50 | ≥ 0.85 | missed |" in text
     assert "| CartPole-v1 | a0-l0 | async | 0.40 | 2.00 |" in text  # PPO-LSTM ÷ PPO
-    assert "| 600 (600–600) | abc1234 |" in text  # each e2e row names its code
+    assert "| 600 (600–600) | abc1234, on other cpu |" in text  # each e2e row names its code, and its CPU if not the file's
+    assert "| 600 (600–600) | ? |" in text  # a row measured on the file's machine names no CPU
+    assert "startup def5678 (on other cpu)" in text  # a part measured on another CPU than the first part's
     assert "| Hopper-v4 | a0-l0 | 0.1 | 2,000 (2,000–2,000) | 200 | 150 (150–150) | 5% | 60% | abc1234 |" in text
     assert "(best: a0-l0 async) | 30,000 | ≥ 25,000 | met |" in text
     assert "| PPO | 5.9 (5.9–5.9) s | 2.9 (2.9–2.9) s | 59 |" in text
