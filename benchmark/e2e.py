@@ -141,7 +141,8 @@ def run(quick: bool, reps: int, recurrent: bool = False, off_policy: bool = Fals
     if not (quick or recurrent or off_policy):
         configs += off_policy_configurations()
     configs = [c for c in configs if task in (None, c["task"])]
-    commit, cpu = machine()["commit"], machine()["cpu"]
+    here = machine()  # once: it runs git
+    commit, cpu = here["commit"], here["cpu"]
     runs = {c["name"]: [] for c in configs}
     for rep in range(reps):  # interleaved, so drift in machine load hits every configuration alike
         for c in configs:

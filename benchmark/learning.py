@@ -148,7 +148,8 @@ def met(target: str, runs: list[dict], reference) -> bool | None:
 
 
 def run(quick: bool, only: list[str] | None, budget: int | None = None) -> dict:
-    results, commit = {}, machine()["commit"]  # the code the runs start on (the tree may move on during hours of runs)
+    here, results = machine(), {}
+    commit, cpu = here["commit"], here["cpu"]  # the code the runs start on (the tree may move on during hours of runs)
     for name, (script, flags, seeds, reference, target) in TASKS.items():
         if (only and name not in only) or (quick and name not in QUICK_STEPS):
             continue
@@ -169,7 +170,7 @@ def run(quick: bool, only: list[str] | None, budget: int | None = None) -> dict:
             print(f"{name} seed {seed}: end return {runs[-1]['end_return']}, final eval {runs[-1]['final_eval']} "
                   f"(success {runs[-1]['final_success']}; {result['wall_s']:.0f} s)", flush=True)
         results[name] = {"script": script, "flags": flags, "reference": reference, "target": target, "runs": runs,
-                         "met": met(target, runs, reference), "commit": commit, "cpu": machine()["cpu"],
+                         "met": met(target, runs, reference), "commit": commit, "cpu": cpu,
                          "budget": budget if not quick else None}  # --only merges tasks
     return results
 
