@@ -6,6 +6,7 @@ Nothing here imports JAX, so a benchmark can choose its device count before JAX 
 
 from __future__ import annotations
 
+import contextlib
 import datetime
 import importlib.metadata
 import json
@@ -199,7 +200,7 @@ class CpuSampler(PeriodicSampler):
 
 def run_script(script: str, flags: list[str], stop_at_return: float | None = None, timeout: float = 900,
                cache_dir: Path | None = None, eval_episodes: int = 0, log_frequency: int = 1,
-               env: dict[str, str] | None = None, scalars: tuple[str, ...] = ()) -> dict:
+               env: dict[str, str] | None = None, scalars: tuple[str, ...] = (), workdir: Path | None = None) -> dict:
     """Run `python sebulba/<script> <flags> --log-frequency 1 --eval-episodes 0` (training alone,
     no final evaluation, unless `eval_episodes`) in a fresh process and directory, compiling
     every program (no persistent compilation cache) unless `cache_dir` names one.
@@ -211,14 +212,23 @@ def run_script(script: str, flags: list[str], stop_at_return: float | None = Non
     wall-clock seconds. With `stop_at_return` the run is
     sent SIGTERM at the first line whose return reaches it (it checkpoints and exits 143).
     `env` adds variables to the child's environment; `scalars` names TensorBoard tags whose
-    logged (global step, value) pairs are returned under "scalars".
+    logged (global step, value) pairs are returned under "scalars". With `workdir` the run lives
+    in workdir/runs/bench and stays there: a run stopped before the end (a session's end, a kill)
+    resumes from its newest checkpoint when called again with the same flags and `workdir`, and
+    `lines` then hold only this session's; every session's output is appended to
+    workdir/console.log, each line after its seconds since that session's launch and a tab
+    (`logged_lines` reads every session's back).
 
     Raises:
       RuntimeError: the run failed (its output is included).
     """
     lines, output = [], []
     before = resource.getrusage(resource.RUSAGE_CHILDREN)
-    with tempfile.TemporaryDirectory() as tmp, CpuSampler() as cpu:
+    with (contextlib.nullcontext(str(workdir)) if workdir else tempfile.TemporaryDirectory()) as tmp, \
+            CpuSampler() as cpu:
+        if workdir:
+            workdir.mkdir(parents=True, exist_ok=True)
+        log = open(workdir / "console.log", "a") if workdir else None  # noqa: SIM115 - closed below
         start = time.perf_counter()
         proc = subprocess.Popen([sys.executable, str(ROOT / "sebulba" / script), *flags, "--run-name", "bench",
                                  "--log-frequency", str(log_frequency), "--eval-episodes", str(eval_episodes),
@@ -229,6 +239,9 @@ def run_script(script: str, flags: list[str], stop_at_return: float | None = Non
         timer.start()
         for text in proc.stdout:
             output.append(text)
+            if log:  # as it comes, with seconds since launch: a session that ends mid-run keeps what it printed
+                log.write(f"{time.perf_counter() - start:.1f}\t{text}")
+                log.flush()
             match = LINE.match(text)
             if match:
                 ret = None if match[5] == "n/a" else float(match[5])
@@ -238,6 +251,9 @@ def run_script(script: str, flags: list[str], stop_at_return: float | None = Non
         code = proc.wait()
         timer.cancel()
         wall = time.perf_counter() - start
+        if log:
+            log.close()
+
         summary_file = Path(tmp) / "runs" / "bench" / "summary.json"
         if code not in (0, 143) or not summary_file.exists():
             raise RuntimeError(f"{script} {' '.join(flags)} exited {code}:\n{''.join(output[-40:])}")
@@ -253,6 +269,22 @@ def run_script(script: str, flags: list[str], stop_at_return: float | None = Non
     steady = cpu.per_core_mean(since=lines[0][0]) if lines else []
     return {"summary": summary, "lines": lines, "cpu_series": cpu.series(), "cpu_per_core": steady,
             "cpu_s": cpu_s, "wall_s": wall, "peak_rss_bytes": cpu.peak_rss, "scalars": logged}
+
+
+def logged_lines(workdir: Path) -> list[tuple]:
+    """Every session's console lines of a `run_script(..., workdir=...)` run, as `run_script`'s
+    `lines` with the seconds counted over the sessions one after the other (each session's
+    start-up included, the time between sessions not)."""
+    lines, offset, last = [], 0.0, 0.0
+    log = workdir / "console.log"
+    for entry in log.read_text().splitlines() if log.exists() else []:
+        seconds, _, text = entry.partition("\t")
+        if float(seconds) < last:  # a new session
+            offset += last
+        last = float(seconds)
+        if match := LINE.match(text):
+            lines.append((offset + last, int(match[1]), int(match[2]), None if match[5] == "n/a" else float(match[5])))
+    return lines
 
 
 def steady_rates(lines: list[tuple], skip: int = 1) -> tuple[float, float]:

@@ -4,6 +4,13 @@
     python benchmark/learning.py --only CartPole-v1/PPO/100k     # one task
     python benchmark/learning.py --quick         # the pipeline at tiny budgets (~3 min), not for quoting
     python benchmark/learning.py --only Hopper-v4/SAC/1M --budget 200000  # cut short, and the report says so
+    python benchmark/learning.py --only Breakout-v5/PPO/2M-cleanrl   # again later: resumes where it stopped
+
+Each run lives in RUNS_DIR/<task>/seed<N>-<flags hash> (default ~/.cache/sebulba/learning,
+or $SEBULBA_LEARNING_RUNS) and checkpoints as it goes, so the same command after a stop (a
+session's end, Ctrl-C, a kill) resumes each unfinished run from its newest checkpoint and
+takes finished ones as they are; the curve and the wall clock add up every session's
+(`--fresh` starts them anew).
 
 Each task is a command of a script, run once per seed in a fresh process (benchmark/common.py's
 `run_script`, console line every update, the final evaluation on). Recorded per run: the curve
@@ -21,7 +28,14 @@ from __future__ import annotations
 import json
 import statistics
 
-from common import IMPALA_CARTPOLE, PPO_CARTPOLE, PPO_MUJOCO, cli_parser, machine, run_script, save
+import hashlib
+import os
+import shutil
+from pathlib import Path
+
+from common import IMPALA_CARTPOLE, PPO_CARTPOLE, PPO_MUJOCO, cli_parser, logged_lines, machine, run_script, save
+
+RUNS_DIR = Path(os.environ.get("SEBULBA_LEARNING_RUNS", "~/.cache/sebulba/learning")).expanduser()
 
 # CleanRL ppo.py's CartPole settings: 4 envs x 128 steps, 4 minibatches x 4 epochs, lr 2.5e-4, entropy 0.01,
 # and its synchronous loop: --max-policy-lag 0 (with the default lag of 1 the same run ended at 339 ± 87).
@@ -70,6 +84,17 @@ BREAKOUT_IMPALA = ["--env-id", "Breakout-v5", "--total-timesteps", "1500000", "-
 # 64 steps, 4 x 4 minibatches: ~241), so 3M env steps (12M frames) fit in the 90 minutes there.
 BREAKOUT_IMPALA_3M = [*BREAKOUT_IMPALA[:3], "3000000", *BREAKOUT_IMPALA[4:]]
 
+# CleanRL's ppo_atari_envpool.py, its protocol and hyperparameters: 8 envs x 128 steps, 4 minibatches x 4 epochs,
+# lr 2.5e-4 annealed, clip 0.1, entropy 0.01, value 0.5, grad norm 0.5, the Nature CNN, and its synchronous loop
+# (--max-policy-lag 0). Not the same: CleanRL clips the value loss (clip_vloss) and anneals over its 10M env steps,
+# so its lr at 2M is still 0.8 x 2.5e-4; here the 2M-step run anneals to 0 at 2M. A checkpoint every 10 updates
+# (10k env steps), so a stopped run loses little. Reference: CleanRL's docs' curve, about 40 at 2M env steps.
+BREAKOUT_PPO_CLEANRL = ["--env-id", "Breakout-v5", "--atari-protocol", "cleanrl", "--atari-encoder", "nature",
+                        "--hiddens", "512", "--total-timesteps", "2000000", "--local-num-envs", "8", "--num-steps",
+                        "128", "--num-actor-threads", "1", "--num-minibatches", "4", "--update-epochs", "4",
+                        "--learning-rate", "2.5e-4", "--clip-coef", "0.1", "--ent-coef", "0.01", "--vf-coef", "0.5",
+                        "--max-grad-norm", "0.5", "--max-policy-lag", "0", "--checkpoint-interval", "10"]
+
 # SAC: the script's defaults are CleanRL's sac_continuous_action.py hyperparameters (1M env steps, buffer 1M,
 # 5k random steps, batch 256, lr 3e-4 / 1e-3, policy frequency 2, tau 0.005, autotuned alpha). CleanRL's
 # published SAC table is on the v2 tasks (MuJoCo-py); these rows run EnvPool's v4 (mujoco bindings).
@@ -106,6 +131,9 @@ TASKS = {
     "BabyAI-GoToLocal-v0/PPO/2M": ("ppo_envpool.py", GOTO_LOCAL, 1, None, None),
     "Breakout-v5/IMPALA/1.5M": ("impala_envpool.py", BREAKOUT_IMPALA, 1, None, "last-20 mean ≥ 10 (random play ≈ 1.5)"),
     "Breakout-v5/IMPALA/3M": ("impala_envpool.py", BREAKOUT_IMPALA_3M, 1, None, "last-20 mean ≥ 10 (random play ≈ 1.5)"),
+    "Breakout-v5/PPO/2M-cleanrl": ("ppo_envpool.py", BREAKOUT_PPO_CLEANRL, 1,
+                                   (40.0, None, "CleanRL ppo_atari_envpool.py, its docs' curve at 2M env steps"),
+                                   "last-20 mean ≥ 30 (random play ≈ 1.5)"),
 }
 EVAL_EPISODES = {name: 100 for name in TASKS if name.startswith(("MiniGrid", "BabyAI"))}  # others: 10
 QUICK_STEPS = {"HalfCheetah-v4/PPO/1M": 8192, "CartPole-v1/PPO/100k": 10240}  # --quick: these two, one seed
@@ -135,8 +163,8 @@ def met(target: str, runs: list[dict], reference) -> bool | None:
         return all(r.get("final_success") is not None and r["final_success"] <= 0.7 for r in runs)
     if target.startswith("final success rate near its ceiling"):
         return all(r.get("final_success") is not None and r["final_success"] <= 0.35 for r in runs)
-    if target.startswith("last-20 mean ≥ 10"):
-        return min(ends) >= 10
+    if target.startswith("last-20 mean ≥ "):
+        return min(ends) >= float(target.split()[3])
     if target.startswith("every seed reaches ≥ 475"):
         for r in runs:
             returns = [ret for _, ret in r["curve"] if ret is not None]
@@ -147,7 +175,14 @@ def met(target: str, runs: list[dict], reference) -> bool | None:
     return None
 
 
-def run(quick: bool, only: list[str] | None, budget: int | None = None) -> dict:
+def run_dir(name: str, flags: list[str], seed: int) -> Path:
+    """Where one seed of a task runs and stays (RUNS_DIR): named by the task, the seed and a hash of the flags, so
+    changed flags start a new run instead of resuming one they do not match."""
+    digest = hashlib.sha256(" ".join(flags).encode()).hexdigest()[:8]
+    return RUNS_DIR / name.replace("/", "_") / f"seed{seed}-{digest}"
+
+
+def run(quick: bool, only: list[str] | None, budget: int | None = None, fresh: bool = False) -> dict:
     here, results = machine(), {}
     commit, cpu = here["commit"], here["cpu"]  # the code the runs start on (the tree may move on during hours of runs)
     for name, (script, flags, seeds, reference, target) in TASKS.items():
@@ -159,16 +194,21 @@ def run(quick: bool, only: list[str] | None, budget: int | None = None) -> dict:
             flags = with_budget(flags, budget)
         runs = []
         for seed in range(1, seeds + 1):
-            result = run_script(script, [*flags, "--seed", str(seed)], timeout=7200,
-                                eval_episodes=EVAL_EPISODES.get(name, 10))
-            summary = result["summary"]
-            runs.append({"seed": seed, "wall_s": result["wall_s"], "end_return": summary.get("episodic_return_mean"),
+            workdir = None if quick else run_dir(name, flags, seed)  # --quick: a pipeline check, in a temporary dir
+            if fresh and workdir and workdir.exists():
+                shutil.rmtree(workdir)
+            result = run_script(script, [*flags, "--seed", str(seed)], timeout=7200 * 3,
+                                eval_episodes=EVAL_EPISODES.get(name, 10), workdir=workdir)
+            summary, lines = result["summary"], logged_lines(workdir) if workdir else result["lines"]  # every session's
+            wall = lines[-1][0] if lines else result["wall_s"]
+            runs.append({"seed": seed, "wall_s": wall, "end_return": summary.get("episodic_return_mean"),
                          "final_eval": (summary.get("final_eval") or {}).get("episodic_return_mean"),
                          "final_eval_std": (summary.get("final_eval") or {}).get("episodic_return_std"),
                          "final_success": (summary.get("final_eval") or {}).get("success_rate"),
-                         "curve": [(step, ret if ret is None else round(ret, 1)) for _, step, _, ret in result["lines"]]})
+                         "curve": [(step, ret if ret is None else round(ret, 1)) for _, step, _, ret in lines],
+                         "wall_curve": [round(t, 1) for t, *_ in lines]})  # seconds at each curve point
             print(f"{name} seed {seed}: end return {runs[-1]['end_return']}, final eval {runs[-1]['final_eval']} "
-                  f"(success {runs[-1]['final_success']}; {result['wall_s']:.0f} s)", flush=True)
+                  f"(success {runs[-1]['final_success']}; {wall:.0f} s)", flush=True)
         results[name] = {"script": script, "flags": flags, "reference": reference, "target": target, "runs": runs,
                          "met": met(target, runs, reference), "commit": commit, "cpu": cpu,
                          "budget": budget if not quick else None}  # --only merges tasks
@@ -179,8 +219,9 @@ if __name__ == "__main__":
     parser = cli_parser(__doc__, "learning", "two tasks at tiny budgets, one seed: the pipeline, not the figures")
     parser.add_argument("--only", nargs="+", choices=list(TASKS), help="tasks to run")
     parser.add_argument("--budget", type=int, help="env steps per run instead of each task's own (the report says so)")
+    parser.add_argument("--fresh", action="store_true", help=f"start every run anew instead of resuming (in {RUNS_DIR})")
     cli = parser.parse_args()
-    results = run(cli.quick, cli.only, cli.budget)
+    results = run(cli.quick, cli.only, cli.budget, cli.fresh)
     previous = cli.out / "learning.json"
     if cli.only and previous.exists():  # keep the other tasks' results
         kept = json.loads(previous.read_text())

@@ -293,7 +293,7 @@ def learning_section(learn: dict, img: Path, rel: str) -> list[str]:
            "per run | code |", "| --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
     for name, r in learn["results"].items():
         ref = r["reference"]
-        reference = f"{ref[0]:,.1f} ± {ref[1]:,.1f} ({ref[2]})" if ref else "–"
+        reference = (f"{ref[0]:,.1f}" + (f" ± {ref[1]:,.1f}" if ref[1] is not None else "") + f" ({ref[2]})") if ref else "–"
         wall = statistics.median(run["wall_s"] for run in r["runs"])
         verdict = {True: "met", False: "missed", None: ""}[r["met"]]
         successes = [x["final_success"] for x in r["runs"] if x.get("final_success") is not None]

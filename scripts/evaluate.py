@@ -11,8 +11,9 @@ had one: told apart by their saved flags). An LSTM agent's state starts from zer
 and again after each life loss for a run trained with --episodic-life, where training restarted
 it. Loads RUN_DIR/config.json and the newest checkpoint (or --checkpoint N), imports that script,
 rebuilds the network, and runs one episode in each of N envs of a fresh pool with the
-training protocol's env settings (Atari: Machado et al. 2018, sticky actions; with no
-life-loss episodes, so an episode is a whole game whatever --episodic-life was in training).
+training protocol's env settings (Atari: the run's --atari-protocol and --episodic-life, so
+FIRE after a life loss is pressed where training had it pressed; an episode is a whole game
+all the same, its lives summed).
 Taking the first episode of each env does not favour short episodes. Actions are drawn
 from the policy, as in training, or with --greedy are its mode (argmax of the logits; the
 Gaussian mean, clipped to the action bounds). Observations are normalised with the statistics saved in the
@@ -45,7 +46,7 @@ sys.path.insert(0, str(ROOT))
 from sebulba.checkpoints import complete_steps  # noqa: E402
 from sebulba.config import Cluster  # noqa: E402
 from sebulba.devices import Placement  # noqa: E402
-from sebulba.envs import has_dict_obs, is_atari, is_mujoco, make_envs  # noqa: E402
+from sebulba.envs import has_dict_obs, is_atari, is_mujoco, make_envs, resolve_episodic_life  # noqa: E402
 from sebulba.evaluation import run_episodes  # noqa: E402
 from sebulba.networks import make_policy_fn  # noqa: E402
 
@@ -78,6 +79,8 @@ def load(run_dir: Path, checkpoint: int | None):
     args = module.Args(**{k: v for k, v in saved.items() if k in {f.name for f in dataclasses.fields(module.Args)}})
     if "read_mission" not in saved and hasattr(args, "read_mission"):  # written before the mission was read
         args = dataclasses.replace(args, read_mission=False)
+    if "atari_protocol" not in saved and hasattr(args, "atari_protocol"):  # written before the protocols were named
+        args = dataclasses.replace(args, atari_protocol="machado")
     if not (run_dir / "checkpoints").exists():
         raise SystemExit(f"{run_dir}/checkpoints does not exist: the run saved no checkpoint yet")
     steps = complete_steps(run_dir / "checkpoints")  # finished ones only
@@ -106,12 +109,14 @@ def evaluate(module, args, agent, spec, params, episodes: int, seed: int, greedy
     statistics); raw returns and lengths in env-id order. With `video`, the episodes of the
     first `video_episodes` envs are rendered (EnvPool rgb_array frames: the first observation,
     then one frame per env step) and written one after the other to that mp4 file."""
-    # make_envs leaves episodic_life off: an episode is a whole game, whatever training used
     threads = min(episodes, os.cpu_count() or 1)
     if video is not None and is_mujoco(args.env_id) and os.environ.get("MUJOCO_GL") not in ("egl", "osmesa"):
         raise SystemExit("--video on a MuJoCo task needs an OpenGL platform: set MUJOCO_GL=egl (GPU) or "
                          "MUJOCO_GL=osmesa (CPU, with libOSMesa installed)")
-    envs = make_envs(args.env_id, episodes, episodes, seed, threads, **({"render_mode": "rgb_array"} if video else {}))
+    protocol = getattr(args, "atari_protocol", "cleanba")  # SAC has no Atari flags
+    episodic_life = resolve_episodic_life(args.env_id, protocol, getattr(args, "episodic_life", None))
+    envs = make_envs(args.env_id, episodes, episodes, seed, threads, protocol, episodic_life,
+                     **({"render_mode": "rgb_array"} if video else {}))
     recorded = list(range(min(video_episodes, episodes))) if video is not None else []
     frames: list[list[np.ndarray]] = [[] for _ in recorded]
 
@@ -122,7 +127,7 @@ def evaluate(module, args, agent, spec, params, episodes: int, seed: int, greedy
 
     policy = make_policy_fn(agent, spec.action_space, greedy=greedy)
     returns, lengths, _ = run_episodes(envs, policy, params, jax.random.PRNGKey(seed), record=record if recorded else None,
-                                       episodic_life=args.episodic_life)  # an LSTM restarts where training did
+                                       episodic_life=episodic_life)
     envs.close()
     result = {"episodes": episodes, "return_mean": float(returns.mean()), "return_std": float(returns.std()),
               "length_mean": float(lengths.mean()), "length_std": float(lengths.std()),

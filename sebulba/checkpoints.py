@@ -15,6 +15,7 @@ import jax
 import orbax.checkpoint as ocp
 
 from sebulba.config import ConfigError, RunFlags, normalization
+from sebulba.envs import is_atari, resolve_episodic_life
 from sebulba.missions import reads_mission
 
 
@@ -23,7 +24,8 @@ from sebulba.missions import reads_mission
 RESUMABLE_FLAGS = {"run_name",  # the checkpoint was found under runs/<run name>: a run started without one resumes with it
                    "track", "wandb_project_name", "wandb_entity", "log_frequency", "num_env_threads",
                    "stall_timeout_s", "checkpoint_interval", "total_timesteps", "eval_interval", "eval_episodes",
-                   "eval_greedy", "norm_obs", "norm_reward", "read_mission", "compilation_cache_dir"}
+                   "eval_greedy", "norm_obs", "norm_reward", "read_mission", "compilation_cache_dir",
+                   "atari_protocol", "episodic_life"}  # compared as resolved in read_resume_meta
 
 
 def is_complete(step_dir: Path) -> bool:
@@ -87,6 +89,13 @@ def read_resume_meta(directory: Path, flags: RunFlags, num_processes: int = 1) -
     now_norm = normalization(flags.env_id, flags.norm_obs, flags.norm_reward)
     differ += [f"--{flag} {old} (now {new})" for flag, old, new in zip(("norm-obs", "norm-reward"), was,
                                                                        now_norm) if old != new]
+    # The Atari protocol as resolved; a run from before --atari-protocol trained by Machado et al.'s settings.
+    if is_atari(flags.env_id):
+        was_protocol = saved.get("atari_protocol", "machado")
+        differ += [f"--atari-protocol {was_protocol} (now {flags.atari_protocol})"] * (was_protocol != flags.atari_protocol)
+        was_life, now_life = (resolve_episodic_life(flags.env_id, p, e) for p, e in (
+            (was_protocol, saved.get("episodic_life")), (flags.atari_protocol, flags.episodic_life)))
+        differ += [f"--episodic-life {was_life} (now {now_life})"] * (was_life != now_life)
     # A run from before --atari-encoder used the IMPALA ResNet.
     if "atari_encoder" not in saved and getattr(flags, "atari_encoder", "impala") != "impala":
         differ.append(f"--atari-encoder impala (now {flags.atari_encoder})")

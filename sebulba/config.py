@@ -20,10 +20,11 @@ import subprocess
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Literal
 
 import envpool
 
-from sebulba.envs import has_dict_obs, is_atari, is_mujoco
+from sebulba.envs import ATARI_PROTOCOLS, has_dict_obs, is_atari, is_mujoco, resolve_episodic_life
 from sebulba.missions import reads_mission
 
 
@@ -60,8 +61,10 @@ class RunFlags:
     """envs returned by each `recv`; smaller than --local-num-envs so stepping and inference overlap; None = half the pool"""
     num_env_threads: int = 0
     """EnvPool worker threads per pool; 0 = this machine's cores divided over the actor threads"""
-    episodic_life: bool = False
-    """Atari: end a training episode at every life loss (the raw game return is still logged per game)"""
+    atari_protocol: Literal["cleanba", "cleanrl", "machado"] = "cleanba"
+    """Atari env settings of one published setup (docs/ppo_envpool.md#atari-protocols): cleanba (Cleanba's cleanba_ppo.py: sticky actions 0.25, 18 actions, <= 1 no-op, FIRE at reset), cleanrl (CleanRL's ppo_atari_envpool.py: EnvPool's defaults + life loss ends a training episode), machado (Machado et al. 2018: as cleanba, no FIRE at reset)"""
+    episodic_life: bool | None = None
+    """Atari: end a training episode at every life loss (the raw game return is still logged per game); None: as --atari-protocol says (cleanrl: on)"""
     norm_obs: bool | None = None
     """True: normalise observations by their running mean and std, clipped to +-10; None: on for MuJoCo tasks"""
     norm_reward: bool | None = None
@@ -304,6 +307,7 @@ class Setup:
     norm_obs: bool = False  # --norm-obs / --norm-reward resolved (None: on for MuJoCo)
     norm_reward: bool = False
     read_mission: bool = False  # --read-mission resolved (None: on where the task's mission varies)
+    episodic_life: bool = False  # --episodic-life resolved (None: the --atari-protocol's; never outside Atari)
 
 
 def check_wandb_login():
@@ -330,6 +334,8 @@ def resolve_run(flags: RunFlags, num_steps: int, cluster: Cluster = Cluster()) -
       ConfigError: one line naming the flag and valid values.
     """
     check_env_id(flags.env_id)  # first: the checks below ask EnvPool about the task
+    if flags.atari_protocol not in ATARI_PROTOCOLS:
+        raise ConfigError(f"--atari-protocol {flags.atari_protocol}: use one of {', '.join(ATARI_PROTOCOLS)}")
     check_ranges(flags, positive=("local_num_envs", "num_actor_threads", "total_timesteps", "log_frequency"),
                  above_zero=("stall_timeout_s",),
                  non_negative=("max_policy_lag", "checkpoint_interval", "eval_interval", "eval_episodes",
@@ -394,4 +400,5 @@ def resolve_run(flags: RunFlags, num_steps: int, cluster: Cluster = Cluster()) -
         norm_obs=norm_obs,
         norm_reward=norm_reward,
         read_mission=reads_mission(flags.env_id, flags.read_mission),
+        episodic_life=resolve_episodic_life(flags.env_id, flags.atari_protocol, flags.episodic_life),
     )

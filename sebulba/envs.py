@@ -28,37 +28,64 @@ def has_dict_obs(env_id: str) -> bool:
     return type(envpool.make_spec(env_id).observation_space).__name__ == "Dict"
 
 
-def env_settings(env_id: str, episodic_life: bool = False) -> dict[str, Any]:
-    """EnvPool settings of the training protocol, for `make_envs` and for the spec that sizes
-    the network (Atari's full action space has 18 actions, the default spec fewer).
+# Named Atari protocols (--atari-protocol): the EnvPool settings of one published setup each, so a run is
+# comparable with that source's curves and tables. Rewards always come back raw: clipping for training
+# happens in `RolloutAssembler`, so the raw game score stays available (both sources clip in training).
+# Every protocol: 84x84 grey frames, 4 stacked, frame skip 4, a 27,000-step (108k-frame) limit.
+ATARI_PROTOCOLS: dict[str, dict[str, Any]] = {
+    # Cleanba's cleanba_ppo.py / cleanba_impala.py `make_env` (Huang et al. 2023), citing Machado et al. 2018
+    # for sticky actions, the full action set and no life-loss signal; EnvPool's default FIRE at reset kept.
+    "cleanba": dict(repeat_action_probability=0.25, full_action_space=True, noop_max=1, episodic_life=False,
+                    use_fire_reset=True),
+    # CleanRL's envpool Atari scripts (ppo_atari_envpool.py, pqn_atari_envpool.py): EnvPool's defaults plus
+    # episodic_life=True: no sticky actions, the minimal action set, up to 30 no-ops, FIRE at reset.
+    "cleanrl": dict(repeat_action_probability=0.0, full_action_space=False, noop_max=30, episodic_life=True,
+                    use_fire_reset=True),
+    # Machado et al. 2018 ("Revisiting the ALE"), strictly: as cleanba, but the agent must press FIRE itself.
+    "machado": dict(repeat_action_probability=0.25, full_action_space=True, noop_max=1, episodic_life=False,
+                    use_fire_reset=False),
+}
 
-    Atari follows the Machado et al. (2018) evaluation protocol: sticky actions (p=0.25),
-    full action space, no life-loss signal unless `episodic_life`, 108k-frame (27k-step)
-    limit, no no-op starts beyond EnvPool's minimum, and no FIRE pressed for the agent at a
-    reset or a life loss (EnvPool's `use_fire_reset` defaults to True, as Cleanba and CleanRL
-    run it; here the agent must learn to press FIRE, as in Machado et al.). Rewards come back
-    raw; clipping for training happens in `RolloutAssembler` so the raw game score stays available.
+def resolve_episodic_life(env_id: str, protocol: str = "cleanba", override: bool | None = None) -> bool:
+    """Whether a life loss ends a training episode: `override` (--episodic-life) if given, else the
+    Atari protocol's; always False outside Atari (no lives)."""
+    if not is_atari(env_id):
+        return False
+    return ATARI_PROTOCOLS[protocol]["episodic_life"] if override is None else override
+
+
+def env_settings(env_id: str, protocol: str = "cleanba", episodic_life: bool | None = None) -> dict[str, Any]:
+    """EnvPool settings of the training protocol, for `make_envs` and for the spec that sizes
+    the network (the full action space has 18 actions, the minimal one fewer).
+
+    Atari follows the named protocol `protocol` (ATARI_PROTOCOLS, --atari-protocol), with a
+    life loss ending a training episode as `episodic_life` (--episodic-life) says, or the
+    protocol's own choice when None. Other tasks: EnvPool's defaults ({}).
+
+    Raises:
+      KeyError: `protocol` is not in ATARI_PROTOCOLS (`sebulba.config` checks it first).
     """
     if not is_atari(env_id):
         return {}
-    return dict(episodic_life=episodic_life, reward_clip=False, repeat_action_probability=0.25,
-                full_action_space=True, max_episode_steps=27_000, noop_max=1, use_fire_reset=False)
+    return dict(ATARI_PROTOCOLS[protocol], episodic_life=resolve_episodic_life(env_id, protocol, episodic_life),
+                reward_clip=False, max_episode_steps=27_000)
 
 
-def make_spec(env_id: str, episodic_life: bool = False):
+def make_spec(env_id: str, protocol: str = "cleanba", episodic_life: bool | None = None):
     """EnvPool's spec of `env_id` under the training protocol (observation and action spaces);
     MiniGrid's and BabyAI's `mission` as the word ids that `make_envs`'s pools return."""
-    spec = envpool.make_spec(env_id, **env_settings(env_id, episodic_life))
+    spec = envpool.make_spec(env_id, **env_settings(env_id, protocol, episodic_life))
     return word_spec(spec, env_id) if has_dict_obs(env_id) else spec
 
 
-def make_envs(env_id: str, num_envs: int, batch_size: int, seed: int, num_threads: int, episodic_life: bool = False,
-              **options):
-    """EnvPool pool (gymnasium API) with the training protocol's settings, in async mode when
-    batch_size < num_envs; `options` go to envpool.make as they are (render_mode, say). MiniGrid's
-    and BabyAI's observations carry the mission as word ids (sebulba/missions.py), not bytes."""
+def make_envs(env_id: str, num_envs: int, batch_size: int, seed: int, num_threads: int, protocol: str = "cleanba",
+              episodic_life: bool | None = None, **options):
+    """EnvPool pool (gymnasium API) with the training protocol's settings (`env_settings`), in
+    async mode when batch_size < num_envs; `options` go to envpool.make as they are (render_mode,
+    say). MiniGrid's and BabyAI's observations carry the mission as word ids (sebulba/missions.py),
+    not bytes."""
     pool = envpool.make(env_id, env_type="gymnasium", num_envs=num_envs, batch_size=batch_size, seed=seed,
-                        num_threads=num_threads, **options, **env_settings(env_id, episodic_life))
+                        num_threads=num_threads, **options, **env_settings(env_id, protocol, episodic_life))
     return WordPool(pool, env_id) if has_dict_obs(env_id) else pool
 
 

@@ -11,7 +11,7 @@ import time
 import jax
 import numpy as np
 
-from sebulba.envs import make_envs
+from sebulba.envs import make_envs, resolve_episodic_life
 from sebulba.networks import make_policy_fn
 from sebulba.threads import ParamsSlot, Stopped, timed_put
 
@@ -19,16 +19,18 @@ EVAL_SEED_OFFSET = 1_000_003  # evaluation pools: an env seed range of their own
 
 
 def run_episodes(envs, policy, params, key, stop=None, record=None, episodic_life: bool = False):
-    """One episode in each env of a synchronous pool (batch = all envs), with `policy` from
+    """One whole game in each env of a synchronous pool (batch = all envs), with `policy` from
     make_policy_fn. Returns (raw returns [N] float64, lengths [N] int64 in env steps, key), in
     env-id order. `record(running)` is called after the reset and after every step (video);
     `stop` is checked every step.
 
-    A recurrent policy's state starts at zeros in every env and restarts where training
-    restarted it: with `episodic_life` (the run trained with --episodic-life; Atari, whose
-    `info` has `lives`), at the observation after each life loss, as the actors do after
-    EnvPool's life-loss termination (its auto-reset observation). The pool itself plays whole
-    games, so the episode goes on.
+    With `episodic_life` (Atari, the pool made as training made it: a life loss terminates
+    EnvPool's episode, as in CleanRL's protocol, and EnvPool resets the life, pressing FIRE
+    where the protocol does) the game goes on across life losses and ends when no life is
+    left or at truncation; the auto-reset step after a life loss (its action ignored, reward 0)
+    is not counted in the length. A recurrent policy's state starts at zeros in every env and
+    restarts where training restarted it: at the observation after each life loss, as the
+    actors do after EnvPool's life-loss termination.
 
     Raises:
       Stopped: `stop` was set.
@@ -40,6 +42,7 @@ def run_episodes(envs, policy, params, key, stop=None, record=None, episodic_lif
     obs, info = envs.reset()
     lives = info.get("lives") if recurrent and episodic_life else None  # None: no life-loss restarts
     lost = np.zeros(num_envs, bool)  # this observation showed a life lost
+    auto_reset = np.zeros(num_envs, bool)  # the next step is EnvPool's reset after a life-loss termination
     if record:
         record(running)
     while running.any():
@@ -55,27 +58,30 @@ def run_episodes(envs, policy, params, key, stop=None, record=None, episodic_lif
             if lives is not None:
                 lost, lives = info["lives"] < lives, info["lives"]
         returns += np.where(running, reward, 0.0)
-        lengths += running
+        lengths += running & ~auto_reset
         if record:
             record(running)  # the frame of this step, the last one included
-        running &= ~(terminated | truncated)
+        game_over = truncated | (terminated & (info["lives"] == 0) if episodic_life else terminated)
+        auto_reset = terminated & ~game_over
+        running &= ~game_over
     return returns, lengths, key
 
 
 class Evaluator:
-    """`episodes` whole episodes (Atari: whole games, no life-loss episodes) with the training
-    protocol's env settings on a pool of its own (one EnvPool thread), one per env, actions
-    sampled from the policy (its mode with `greedy`, --eval-greedy); `episodic_life`: the run's
-    --episodic-life, where a recurrent state restarts (`run_episodes`). Returns eval/* metrics:
+    """`episodes` whole episodes (Atari: whole games) with the training protocol's env settings
+    (`protocol`, `episodic_life`: the run's --atari-protocol and --episodic-life) on a pool of
+    its own (one EnvPool thread), one per env, actions sampled from the policy (its mode with
+    `greedy`, --eval-greedy); see `run_episodes`. Returns eval/* metrics:
     raw episodic return mean and std, mean length in env steps, the share of episodes with a
     positive return (MiniGrid's success: the goal reached), seconds taken. `close()` closes
     the pool."""
 
     def __init__(self, env_id: str, episodes: int, agent, action_space, greedy: bool, seed: int,
-                 episodic_life: bool = False):
-        self.envs = make_envs(env_id, episodes, episodes, seed, num_threads=1)
+                 protocol: str = "cleanba", episodic_life: bool | None = None):
+        self.envs = make_envs(env_id, episodes, episodes, seed, 1, protocol, episodic_life)
         self.policy = make_policy_fn(agent, action_space, greedy=greedy)
-        self.seed, self.key, self.greedy, self.episodic_life = seed, jax.random.PRNGKey(seed), greedy, episodic_life
+        self.seed, self.key, self.greedy = seed, jax.random.PRNGKey(seed), greedy
+        self.episodic_life = resolve_episodic_life(env_id, protocol, episodic_life)
 
     def __call__(self, params, stop) -> dict[str, float]:
         start = time.perf_counter()

@@ -184,7 +184,7 @@ class Agent(nn.Module):
 
 def make_agent(args: Args):
     """(Agent for --env-id's observation and action spaces, the env spec with the training protocol's settings)."""
-    spec = make_spec(args.env_id, args.episodic_life)
+    spec = make_spec(args.env_id, args.atari_protocol, args.episodic_life)
     continuous = type(spec.action_space).__name__ == "Box"
     num_actions = spec.action_space.shape[0] if continuous else spec.action_space.n
     agent = Agent(num_actions, tuple(args.channels), tuple(args.hiddens), is_atari(args.env_id), continuous,

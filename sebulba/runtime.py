@@ -178,9 +178,10 @@ class Run:
         global_index = setup.process_id * setup.num_actor_threads_total + thread_index
         n = flags.local_num_envs
         seed = pool_seed(flags.seed, global_index, begin, setup.num_envs_total, n)
-        envs = make_envs(flags.env_id, n, setup.async_batch_size, seed, setup.num_env_threads, flags.episodic_life)
+        envs = make_envs(flags.env_id, n, setup.async_batch_size, seed, setup.num_env_threads, flags.atari_protocol,
+                         flags.episodic_life)
         assembler = RolloutAssembler(n, num_steps, *obs_storage(spec.observation_space),
-                                     clip_rewards=is_atari(flags.env_id), episodic_life=flags.episodic_life,
+                                     clip_rewards=is_atari(flags.env_id), episodic_life=setup.episodic_life,
                                      first_rollout=begin, action_shape=spec.action_space.shape, gamma=gamma,
                                      action_dtype=np.float32 if continuous else np.int32)
         try:
@@ -195,7 +196,7 @@ class Run:
         if self.lead and flags.eval_episodes:
             self.make_evaluator = lambda: Evaluator(flags.env_id, flags.eval_episodes, agent, spec.action_space,
                                                     flags.eval_greedy, flags.seed + EVAL_SEED_OFFSET,
-                                                    flags.episodic_life)  # where an LSTM's state restarts
+                                                    flags.atari_protocol, flags.episodic_life)
 
     def log_eval(self, metrics: dict[str, float], global_step: int, final: bool = False, late: bool = False):
         """eval/* metrics to TensorBoard / W&B at `global_step`, and one console line."""
@@ -274,6 +275,8 @@ class Run:
         elapsed = time.time() - start_time - summary.get("final_eval", {}).get("time_s", 0.0)  # training alone
         summary.update(elapsed_s=elapsed, sps=(summary["global_step"] - self.start_update * setup.batch_size) / elapsed,
                        run_dir=str(self.run_dir.absolute()))
+        if is_atari(flags.env_id):  # what the returns are comparable with (docs/ppo_envpool.md#atari-protocols)
+            summary.update(atari_protocol=flags.atari_protocol, episodic_life=setup.episodic_life)
         if self.lead:
             (self.run_dir / "summary.json").write_text(json.dumps(summary, indent=2))
             status = f"stopped by {summary['interrupted_by']}" if "interrupted_by" in summary else "done"
@@ -297,7 +300,9 @@ def layout_line(flags: RunFlags, setup: Setup, num_actor_devices: int, num_learn
             f"learner device(s) x {setup.envs_per_learner} envs; env steps per update: "
             f"{num_steps * flags.local_num_envs} per thread, {num_steps * per_process} per process, "
             f"{setup.batch_size} in all; {setup.num_updates} updates" + "; observation normalisation" * setup.norm_obs
-            + "; reward scaling" * setup.norm_reward + "; the mission read" * setup.read_mission)
+            + "; reward scaling" * setup.norm_reward + "; the mission read" * setup.read_mission
+            + (f"; Atari protocol {flags.atari_protocol}" + ", a life loss ends a training episode" * setup.episodic_life
+               if is_atari(flags.env_id) else ""))
 
 
 def software() -> dict:

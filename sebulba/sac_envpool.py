@@ -94,7 +94,8 @@ class Args(RunFlags):
     """save a checkpoint (with the replay buffer unless --no-save-buffer) every this many updates (also at the end and on SIGINT/SIGTERM/SIGUSR1); 0 = only then"""
     norm_obs: tyro.conf.Suppress[bool | None] = False  # SAC trains on raw observations and rewards, as the paper
     norm_reward: tyro.conf.Suppress[bool | None] = False
-    episodic_life: tyro.conf.Suppress[bool] = False  # Atari's; SAC takes Box actions only
+    atari_protocol: tyro.conf.Suppress[str] = "cleanba"  # Atari's; SAC takes Box actions only
+    episodic_life: tyro.conf.Suppress[bool | None] = None
     read_mission: tyro.conf.Suppress[bool | None] = None  # MiniGrid's and BabyAI's; their actions are discrete
     eval_greedy: bool = False
     """evaluate with the mean action (tanh of the Gaussian's mean, mapped onto the bounds) instead of sampling"""

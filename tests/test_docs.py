@@ -182,12 +182,8 @@ def test_anchors_are_the_ones_github_makes(tmp_path):
                                     "results-1", "end-to-end--limit-x"}
 
 
-def test_the_line_counts_the_pages_give_are_near_the_files():
-    """docs/architecture.md's table and README.md's list say how long each module is (`~640`):
-    within 10 % of `wc -l`."""
-    table = re.findall(r"^\| `(sebulba/\w+\.py)` \| ~(\d+) \|", (ROOT / "docs" / "architecture.md").read_text(), re.M)
-    readme = re.findall(r"`(sebulba/\w+\.py)` \([^)]*?~(\d+) lines", " ".join((ROOT / "README.md").read_text().split()))
-    assert len(table) >= 16 and len(readme) == 4
-    for path, claimed in table + readme:
-        lines = len((ROOT / path).read_text().splitlines())
-        assert abs(lines - int(claimed)) <= 0.1 * lines, f"{path}: ~{claimed} on the page, {lines} lines"
+def test_the_pages_quote_no_line_counts():
+    """A line count on a page goes stale with the next commit (`wc -l` gives it): README and docs/ give none."""
+    for page in [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]:
+        text = " ".join(page.read_text().split())
+        assert not re.search(r"~\d+ lines|\| ~\d+ \|", text), page.name

@@ -60,10 +60,13 @@ def test_cartpole_async_trajectories_are_consecutive_per_env():
 
 
 def test_the_network_sizes_its_output_from_the_training_envs_action_space():
-    """Atari trains on the full action space (18 actions); EnvPool's default Breakout spec has 4."""
-    envs = make_envs("Breakout-v5", num_envs=2, batch_size=2, seed=0, num_threads=1)
-    assert envpool.make_spec("Breakout-v5", **env_settings("Breakout-v5")).action_space.n == envs.action_space.n == 18
-    envs.close()
+    """The default protocol (Cleanba's) trains on the full action space (18 actions); EnvPool's default Breakout spec
+    has 4, as CleanRL's protocol."""
+    for protocol, actions in (("cleanba", 18), ("cleanrl", 4)):
+        envs = make_envs("Breakout-v5", num_envs=2, batch_size=2, seed=0, num_threads=1, protocol=protocol)
+        spec = envpool.make_spec("Breakout-v5", **env_settings("Breakout-v5", protocol))
+        assert spec.action_space.n == envs.action_space.n == actions
+        envs.close()
 
 
 @pytest.mark.slow
@@ -149,15 +152,3 @@ def test_metrics_reach_tensorboard_and_offline_wandb():
     wandb_id = offline_run.name.rsplit("-", 1)[1]
     meta_id = json.loads(next(Path("runs/tracked/checkpoints").rglob("metadata")).read_text()).get("wandb_id")
     assert meta_id == wandb_id
-
-
-def test_atari_pools_follow_machado_et_al_without_a_fire_reset():
-    # EnvPool presses FIRE at every reset and life loss unless told not to (use_fire_reset=True
-    # by default); Machado et al.'s protocol leaves it to the agent.
-    pool = make_envs("Breakout-v5", 2, 2, seed=0, num_threads=1)
-    try:
-        config = pool.config
-        assert (config["use_fire_reset"], config["repeat_action_probability"], config["noop_max"]) == (False, 0.25, 1)
-        assert pool.action_space.n == 18  # full action space
-    finally:
-        pool.close()

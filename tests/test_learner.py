@@ -6,6 +6,7 @@ import signal
 from pathlib import Path
 from types import SimpleNamespace
 
+import flax.linen as nn
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -244,6 +245,29 @@ def test_nature_cnn_is_mnih_et_al_2015():
     assert encoder_names() == ["ImpalaEncoder_0"]
     assert encoder_names(atari_encoder="nature") == ["NatureEncoder_0"]
 
+
+
+@pytest.mark.parametrize("size, stride, shape", [(8, 4, (2, 84, 84, 4)), (4, 2, (2, 20, 20, 32)), (3, 1, (2, 9, 9, 64))])
+def test_the_cpu_convolution_as_a_matmul_is_flaxs_conv(size, stride, shape):
+    """ValidConv (the Nature CNN's layers; on the CPU a matmul over patches) has nn.Conv's parameters
+    (names, shapes, initial values: checkpoints load either way), its output and its gradients."""
+    from sebulba.networks import ValidConv
+
+    x = jnp.asarray(np.random.default_rng(size).standard_normal(shape, np.float32))
+    init = nn.initializers.orthogonal(np.sqrt(2))
+    ours, flax_conv = ValidConv(16, size, stride, kernel_init=init), nn.Conv(16, (size, size), (stride, stride),
+                                                                              padding="VALID", kernel_init=init)
+    params = ours.init(jax.random.PRNGKey(0), x)
+    jax.tree.map(np.testing.assert_array_equal, params, flax_conv.init(jax.random.PRNGKey(0), x))
+    params = jax.tree.map(lambda p: p + 0.1, params)  # a non-zero bias too
+
+    def loss(module):
+        return lambda params, x: jnp.sum(jnp.sin(module.apply(params, x)))
+
+    np.testing.assert_allclose(ours.apply(params, x), flax_conv.apply(params, x), rtol=1e-5, atol=1e-5)
+    for got, want in zip(jax.tree.leaves(jax.grad(loss(ours), argnums=(0, 1))(params, x)),
+                         jax.tree.leaves(jax.grad(loss(flax_conv), argnums=(0, 1))(params, x))):
+        np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4)
 
 LEARNER_FLAGS = dict(env_id="CartPole-v1", total_timesteps=1024, local_num_envs=8, num_steps=16, num_actor_threads=1,
                      hiddens=(64, 64), eval_episodes=0, learner_device_ids=[1, 2])
