@@ -67,7 +67,7 @@ def load(run_dir: Path, checkpoint: int | None):
         raise SystemExit(f"{run_dir} has no config.json: give a run directory written by a sebulba script")
     recorded = json.loads(config.read_text())
     saved = recorded["args"]
-    # The script that wrote the run, as config.json names it (runtime.script_module). Runs written
+    # The script that wrote the run, as config.json names it (rundir.script_module). Runs written
     # before config.json had "script" are told apart by the flags only one of the first three scripts has.
     name = recorded.get("script") or ("sebulba.impala_envpool" if "rho_clip" in saved else
                                       "sebulba.ppo_lstm_envpool" if "lstm_size" in saved else "sebulba.ppo_envpool")
@@ -131,8 +131,9 @@ def evaluate(module, args, agent, spec, params, episodes: int, seed: int, greedy
     envs.close()
     result = {"episodes": episodes, "return_mean": float(returns.mean()), "return_std": float(returns.std()),
               "length_mean": float(lengths.mean()), "length_std": float(lengths.std()),
-              "success_rate": float(np.mean(returns > 0)),  # MiniGrid's success: a positive return
               "returns": returns.tolist(), "lengths": lengths.tolist()}
+    if has_dict_obs(args.env_id):  # MiniGrid's and BabyAI's success: a positive return, the goal reached
+        result["success_rate"] = float(np.mean(returns > 0))
     if video is not None:
         write_video(video, [f for episode in frames for f in episode], fps=15 if is_atari(args.env_id) else 50)
         result |= {"video": str(video), "video_frames": sum(map(len, frames))}

@@ -18,11 +18,13 @@ import os
 import socket
 import subprocess
 import time
+import typing
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
 import envpool
+import tyro
 
 from sebulba.envs import ATARI_PROTOCOLS, has_dict_obs, is_atari, is_mujoco, resolve_episodic_life
 from sebulba.missions import reads_mission
@@ -109,6 +111,14 @@ class RunFlags:
 def flag(name: str) -> str:
     """The command-line spelling of a field: num_steps -> --num-steps."""
     return f"--{name.replace('_', '-')}"
+
+
+def script_flags(args_type: type) -> list[str]:
+    """The field names of a script's `Args` that are its command-line flags: all but those a
+    script hides with `tyro.conf.Suppress` (SAC's Atari and normalisation fields, say)."""
+    hints = typing.get_type_hints(args_type, include_extras=True)
+    return [f.name for f in dataclasses.fields(args_type)
+            if not any(marker is tyro.conf.Suppress for marker in typing.get_args(hints[f.name])[1:])]
 
 
 def check_ranges(flags, positive=(), above_zero=(), unit_interval=(), non_negative=()):

@@ -11,7 +11,7 @@ import time
 import jax
 import numpy as np
 
-from sebulba.envs import make_envs, resolve_episodic_life
+from sebulba.envs import has_dict_obs, make_envs, resolve_episodic_life
 from sebulba.networks import make_policy_fn
 from sebulba.threads import ParamsSlot, Stopped, timed_put
 
@@ -72,8 +72,9 @@ class Evaluator:
     (`protocol`, `episodic_life`: the run's --atari-protocol and --episodic-life) on a pool of
     its own (one EnvPool thread), one per env, actions sampled from the policy (its mode with
     `greedy`, --eval-greedy); see `run_episodes`. Returns eval/* metrics:
-    raw episodic return mean and std, mean length in env steps, the share of episodes with a
-    positive return (MiniGrid's success: the goal reached), seconds taken. `close()` closes
+    raw episodic return mean and std, mean length in env steps, seconds taken, and on MiniGrid
+    and BabyAI (where a task defines success: the goal reached, a positive return) the share
+    of episodes that succeeded. `close()` closes
     the pool."""
 
     def __init__(self, env_id: str, episodes: int, agent, action_space, greedy: bool, seed: int,
@@ -82,14 +83,16 @@ class Evaluator:
         self.policy = make_policy_fn(agent, action_space, greedy=greedy)
         self.seed, self.key, self.greedy = seed, jax.random.PRNGKey(seed), greedy
         self.episodic_life = resolve_episodic_life(env_id, protocol, episodic_life)
+        self.defines_success = has_dict_obs(env_id)  # MiniGrid and BabyAI: a positive return is the goal reached
 
     def __call__(self, params, stop) -> dict[str, float]:
         start = time.perf_counter()
         returns, lengths, self.key = run_episodes(self.envs, self.policy, params, self.key, stop,
                                                   episodic_life=self.episodic_life)
-        return {"eval/episodic_return_mean": float(returns.mean()), "eval/episodic_return_std": float(returns.std()),
-                "eval/episodic_length_mean": float(lengths.mean()), "eval/success_rate": float(np.mean(returns > 0)),
-                "eval/time_s": time.perf_counter() - start}
+        return ({"eval/episodic_return_mean": float(returns.mean()), "eval/episodic_return_std": float(returns.std()),
+                 "eval/episodic_length_mean": float(lengths.mean())}
+                | ({"eval/success_rate": float(np.mean(returns > 0))} if self.defines_success else {})
+                | {"eval/time_s": time.perf_counter() - start})
 
     def close(self):
         self.envs.close()

@@ -13,17 +13,16 @@ from __future__ import annotations
 import collections
 import contextlib
 import dataclasses
-import importlib.metadata
+import difflib
 import json
 import os
-import platform
 import queue
 import shlex
 import signal
-import subprocess
 import sys
 import threading
 import time
+import typing
 import uuid
 import warnings
 from dataclasses import dataclass, field
@@ -35,7 +34,8 @@ import numpy as np
 import tyro
 
 from sebulba.checkpoints import Checkpointer, incomplete_steps, read_resume_meta, set_aside
-from sebulba.config import Cluster, ConfigError, RunFlags, Setup
+from sebulba.config import Cluster, ConfigError, RunFlags, Setup, flag, script_flags
+from sebulba.rundir import release_run_dirs, run_dir_owner, script_args, script_module, software
 from sebulba.devices import Placement, setup_devices, use_compilation_cache
 from sebulba.envs import env_segments, has_dict_obs, is_atari, make_envs, pool_seed
 from sebulba.evaluation import EVAL_SEED_OFFSET, Evaluator, run_evaluator
@@ -106,6 +106,10 @@ class Run:
             print("warning: --deterministic with --checkpoint-interval 0: a stop signal leaves nothing to resume from")
         if run.lead:
             print(layout_line(flags, setup, len(actor_devices), len(learner_devices)), flush=True)
+            if setup.num_updates * setup.batch_size != flags.total_timesteps:
+                print(f"--total-timesteps {flags.total_timesteps:,} is not a whole number of updates of "
+                      f"{setup.batch_size:,} env steps: training {setup.num_updates * setup.batch_size:,} env steps "
+                      f"({setup.num_updates} updates)", flush=True)
         run.wandb_id = uuid.uuid4().hex[:12] if flags.track else None
         if run.meta is not None:
             run.start_update, run.wandb_id = run.meta["update"], run.meta["wandb_id"] or run.wandb_id
@@ -114,13 +118,19 @@ class Run:
         return run
 
     def write(self):
-        """Create runs/<run_name>/ (a resumed run's is there already), set aside unfinished
-        checkpoints, open the checkpointer and write config.json with `setup` as it is now (a
+        """Take the run directory (`run_dir_owner`: one process at a time; refused with a
+        ConfigError naming the owner), create runs/<run_name>/ (a resumed run's is there
+        already), set aside unfinished checkpoints, open the checkpointer and write config.json with `setup` as it is now (a
         script may have settled sizes since `open`). Once: `resume` calls it for a resumed run,
         `launch` for a new one, after the checks that can refuse it."""
         if self.checkpointer is not None:
             return
         setup, flags = self.setup, self.flags
+        held_by = run_dir_owner(self.run_dir) if self.lead else None  # process 0 owns the directory for the run
+        if setup.num_processes > 1 and self.placement.agree_max(held_by is not None):  # every process refuses
+            held_by = held_by or "another launch (process 0 of this run says which)"
+        if held_by is not None:
+            raise ConfigError(f"{self.run_dir} is in use by {held_by}: wait for it to end, or give another --run-name")
         self.run_dir.mkdir(parents=True, exist_ok=True)
         unfinished = incomplete_steps(self.run_dir / "checkpoints")
         if unfinished and self.lead:  # orbax would list them as steps and refuse to save those steps again
@@ -132,7 +142,7 @@ class Run:
             self.placement.agree_max(0)
         self.checkpointer = Checkpointer(self.run_dir / "checkpoints")
         if self.lead:
-            (self.run_dir / "config.json").write_text(json.dumps({"args": dataclasses.asdict(flags),
+            (self.run_dir / "config.json").write_text(json.dumps({"args": script_args(flags),
                                                                   "derived": dataclasses.asdict(setup),
                                                                   "software": software(),
                                                                   "script": script_module(flags)}, indent=2))
@@ -252,7 +262,7 @@ class Run:
         setup, flags = self.setup, self.flags
         doing = "stopping (--deterministic: no new checkpoint)" if flags.deterministic else "checkpointing and stopping"
         self.logger = Logger(self.run_dir, self.lead, flags.track, flags.wandb_project_name, flags.wandb_entity,
-                             setup.run_name, self.wandb_id, dict(dataclasses.asdict(flags), **dataclasses.asdict(setup)),
+                             setup.run_name, self.wandb_id, dict(script_args(flags), **dataclasses.asdict(setup)),
                              resumed_at=self.start_update * setup.batch_size if self.meta is not None else None)
         try:
             with StopSignals(self.on_signal, doing):
@@ -268,6 +278,7 @@ class Run:
         finally:
             self.logger.close()
             self.checkpointer.close()
+            release_run_dirs()
         supervisor.raise_first_error(
             f" (process {setup.process_id} of {setup.num_processes}: if this is a failed collective, another process "
             "ended first; its output has the cause)" if setup.num_processes > 1 else "")
@@ -305,34 +316,6 @@ def layout_line(flags: RunFlags, setup: Setup, num_actor_devices: int, num_learn
                if is_atari(flags.env_id) else ""))
 
 
-def software() -> dict:
-    """What a rerun needs to reproduce this one: Python's and the libraries' versions, the git
-    commit of the code (with `dirty` when it had uncommitted changes; None outside a checkout)."""
-    versions = {"python": platform.python_version()}
-    for package in ("jax", "jaxlib", "flax", "optax", "orbax-checkpoint", "envpool", "numpy", "tyro", "wandb",
-                    "tensorboardX"):
-        with contextlib.suppress(importlib.metadata.PackageNotFoundError):
-            versions[package] = importlib.metadata.version(package)
-    here = Path(__file__).resolve().parent
-    commit = subprocess.run(["git", "-C", str(here), "rev-parse", "HEAD"], capture_output=True, text=True)
-    dirty = subprocess.run(["git", "-C", str(here), "status", "--porcelain", "--untracked-files=no"],
-                           capture_output=True, text=True)
-    git = None
-    if commit.returncode == 0:
-        git = {"commit": commit.stdout.strip(), "dirty": bool(dirty.stdout.strip())}
-    return {"versions": versions, "git": git}
-
-
-def script_module(flags: RunFlags) -> str:
-    """The importable name of the script whose `Args` `flags` is, e.g. "sebulba.ppo_envpool":
-    what scripts/evaluate.py imports to rebuild the run's network. A script run as a file
-    (`python sebulba/ppo_envpool.py`) defines its `Args` in `__main__`; its file's stem names
-    it then ("sebulba.<stem>")."""
-    name = type(flags).__module__
-    path = getattr(sys.modules.get(name), "__file__", None)
-    return f"sebulba.{Path(path).stem}" if name == "__main__" and path else name
-
-
 def resume_command(run_name: str) -> str:
     """The command that resumes this run: the script's own command line with --run-name, when
     it was started as `python sebulba/<script>.py ...`; else a sentence saying the same."""
@@ -351,6 +334,9 @@ def run_cli(args_type: type, main, argv: list[str] | None = None) -> int:
     (138) stopped the run after a checkpoint."""
     if threading.current_thread() is threading.main_thread():  # a script lets Ctrl-C kill it while it imports
         signal.signal(signal.SIGINT, signal.default_int_handler)
+    if (unknown := unknown_flag(args_type, sys.argv[1:] if argv is None else argv)) is not None:
+        print(f"error: {unknown}", file=sys.stderr)
+        return 2
     try:
         args = tyro.cli(args_type, args=argv)
     except BrokenPipeError:  # `--help | head`: the reader has gone; end as a pipeline's writer does, quietly
@@ -369,5 +355,36 @@ def run_cli(args_type: type, main, argv: list[str] | None = None) -> int:
     except RunFailed as error:  # the original traceback was printed by its thread
         print(f"error: {error}", file=sys.stderr, flush=True)
         sys.stdout.flush()
+        release_run_dirs()
         os._exit(1)  # a thread stuck inside a native call (EnvPool, XLA) must not keep the process alive
+    finally:
+        release_run_dirs()
     return 128 + getattr(signal, summary["interrupted_by"]) if "interrupted_by" in summary else 0
+
+
+# Flags of CleanRL's and Cleanba's scripts that a user coming from them types, and ours.
+FLAG_HINTS = {"--num-envs": "--local-num-envs (envs per actor thread)", "--gym-id": "--env-id",
+              "--cuda": "--actor-device-ids and --learner-device-ids (a GPU is used when JAX has one)",
+              "--capture-video": "scripts/evaluate.py RUN_DIR --video", "--save-model": "nothing: checkpoints are always "
+              "saved (--checkpoint-interval)", "--total-steps": "--total-timesteps",
+              "--policy-lr": "--learning-rate", "--q-lr": "--learning-rate"}  # SAC's names in the on-policy scripts
+
+
+def unknown_flag(args_type: type, argv: list[str]) -> str | None:
+    """One line for the first command-line flag that `args_type` does not have, naming what the
+    user most likely meant: the script's own hint (`Args.flag_hints`, e.g. SAC's two learning
+    rates for --learning-rate), CleanRL's names (FLAG_HINTS), else the closest of its flags;
+    None when every flag is known (tyro then parses, and answers anything else)."""
+    names, types = script_flags(args_type), typing.get_type_hints(args_type)
+    switches = [n for n in names if types[n] is bool or bool in typing.get_args(types[n])]  # tyro adds --no-<flag>
+    known = {"--help", *(flag(n) for n in names), *(f"--no-{flag(n)[2:]}" for n in switches)}
+    hints = {**FLAG_HINTS, **getattr(args_type, "flag_hints", {})}
+    for token in argv:
+        name = token.split("=", 1)[0].replace("_", "-")
+        if not token.startswith("--") or name in known or token.startswith("--tyro"):
+            continue
+        module = args_type.__module__
+        script = Path(sys.argv[0]).name if module == "__main__" else f"{module.rsplit('.', 1)[-1]}.py"
+        meant = hints.get(name) or " or ".join(difflib.get_close_matches(name, sorted(known - {"--help"}), n=3))
+        return f"{script} has no flag {name}" + (f"; did you mean {meant}?" if meant else "") + " (--help lists them)"
+    return None

@@ -13,6 +13,7 @@ as they may on another CPU: the learning tests' figures were measured at this le
 thresholds leave room for other numerics. No test times anything. An XLA_FLAGS that sets the
 level itself is kept."""
 
+import gc
 import os
 import tempfile
 
@@ -38,3 +39,15 @@ def _in_tmp_dir(tmp_path, monkeypatch):
     """Every test writes runs/ and wandb/ under its own temporary directory."""
     monkeypatch.chdir(tmp_path)
     monkeypatch.setenv("WANDB_MODE", "offline")
+
+
+def pytest_sessionfinish(session, exitstatus):
+    """Free what the session compiled before the worker says it has finished. pytest-xdist ends a
+    worker by closing its gateway, and execnet sends the worker a SIGINT when its main task has
+    not returned 5 s later (execnet's WorkerGateway._terminate_execution). The garbage collection
+    of the hundreds of programs a worker compiled ran that long, so the SIGINT landed inside
+    jax's gc callback (`_xla_gc_callback`) and a passing suite ended with a
+    PytestUnraisableExceptionWarning whose traceback ended in KeyboardInterrupt. Collected here,
+    inside the session, that garbage is gone before the shutdown's clock starts."""
+    jax.clear_caches()
+    gc.collect()

@@ -5,6 +5,7 @@ script's own hyperparameters through its `resolve`.
 """
 
 import contextlib
+import dataclasses
 import io
 import os
 import re
@@ -144,7 +145,7 @@ def test_cli_help_lists_every_flag_with_its_help_line(script, module, monkeypatc
     code, stdout, _ = cli(module, "--help")
     assert code == 0
     text = " ".join(stdout.split())
-    fields = module.Args.__dataclass_fields__
+    fields = {f.name: f for f in dataclasses.fields(module.Args)}  # (ClassVars such as SAC's flag_hints are not)
     hidden = {name for name, f in fields.items() if "Suppress" in str(f.type)}  # not a flag of this script
     docs = {name: f for name, f in fields.items() if name not in hidden}
     for name in docs:
@@ -189,6 +190,25 @@ def test_cli_wrong_flag_and_bad_value_exit_nonzero_with_one_clear_line():
                           "2", "3")
     assert code == 2
     assert stderr.strip().splitlines()[-1] == "error: --local-num-envs=6 is not divisible by 4 learner devices; use 4 or 8"
+
+
+@pytest.mark.parametrize("module, given, meant", [
+    (sac, "--learning-rate", "--policy-lr (the actor's) and --q-lr (the critics' and the temperature's)"),
+    (sac, "--learnin-starts", "--learning-starts"), (ppo, "--num-envs", "--local-num-envs (envs per actor thread)"),
+    (ppo, "--policy-lr", "--learning-rate"), (impala, "--learning_rte", "--learning-rate")])
+def test_an_unknown_flag_is_one_line_naming_the_flags_meant(module, given, meant):
+    code, _, stderr = cli(module, "--env-id", "CartPole-v1", given, "1")
+    assert code == 2 and stderr.strip().splitlines() == [
+        f"error: {module.__name__.split('.')[-1]}.py has no flag {given.replace('_', '-')}; did you mean {meant}? "
+        "(--help lists them)"], stderr
+
+
+def test_every_spelling_of_a_real_flag_passes_the_unknown_flag_check():
+    from sebulba.runtime import unknown_flag
+    assert unknown_flag(ppo.Args, ["--num_steps", "8", "--no-norm-adv", "--norm-adv=False", "--env-id=x", "-h"]) is None
+    assert unknown_flag(sac.Args, ["--no-autotune", "--no-save-buffer"]) is None
+    assert unknown_flag(sac.Args, ["--norm-obs", "True"]) is not None  # hidden: not a flag of SAC's
+    assert unknown_flag(ppo.Args, ["--no-seed"]) is not None  # --no- only for switches
 
 
 @pytest.mark.slow

@@ -27,7 +27,7 @@ from sebulba.checkpoints import Checkpointer
 from sebulba.config import ConfigError, check_wandb_login
 from sebulba.devices import Placement
 from sebulba.evaluation import EVAL_SEED_OFFSET
-from sebulba.runtime import script_module
+from sebulba.rundir import script_module
 from sebulba.threads import ParamsSlot
 
 pytestmark = pytest.mark.slow
@@ -146,7 +146,7 @@ def test_printed_numbers_match_a_recomputation_from_the_same_seed(capsys):
         finished |= terminated | truncated
     assert result["returns"] == returns.tolist() and result["lengths"] == lengths.tolist()
     assert result["return_mean"] == pytest.approx(returns.mean()) and result["return_std"] == pytest.approx(returns.std())
-    assert result["success_rate"] == float(np.mean(returns > 0))
+    assert "success_rate" not in result  # CartPole defines no success (MiniGrid's: tests/test_envpool_runs.py)
     assert evaluate.main([str(run), "--episodes", "5", "--seed", "3", "--greedy", "--json"]) == result  # same numbers
     evaluate.main([str(run), "--episodes", "5", "--checkpoint", "10", "--greedy"])  # an older checkpoint by number
     assert "checkpoint 10, greedy actions, 5 episodes: return" in capsys.readouterr().out
@@ -163,8 +163,8 @@ def test_eval_thread_logs_eval_metrics_and_the_final_evaluation_matches_evaluate
     events = EventAccumulator(str(run))
     events.Reload()
     assert {"eval/episodic_return_mean", "eval/episodic_return_std", "eval/episodic_length_mean", "eval/time_s",
-            "eval/params_version", "eval/global_step", "eval/success_rate"} <= set(events.Tags()["scalars"])
-    assert summary["final_eval"]["success_rate"] == 1.0  # every CartPole game scores above 0
+            "eval/params_version", "eval/global_step"} <= set(events.Tags()["scalars"])
+    assert "eval/success_rate" not in events.Tags()["scalars"] and "success_rate" not in summary["final_eval"]
     versions = [int(e.value) for e in events.Scalars("eval/params_version")]
     periodic, final = versions[:-1], versions[-1]
     assert final == 16 and len(periodic) >= 2, versions  # the eval thread's, then the final evaluation

@@ -8,6 +8,7 @@ import json
 import os
 import re
 import signal
+import socket
 import subprocess
 import sys
 import threading
@@ -234,6 +235,30 @@ def log(self, data, *args, **kwargs):
     return real_log(self, data, *args, **kwargs)
 wandb.Run.log = log
 """
+
+
+def test_one_process_owns_a_run_directory_and_a_killed_owner_does_not_block_the_resume():
+    """The same command launched while its run is going is refused in one line (exit 2, before
+    any thread) naming the owner; once the owner is killed (SIGKILL) the same command runs."""
+    flags = [*SMALL["ppo_envpool"], "--num-actor-threads", "1", "--checkpoint-interval", "0", "--eval-episodes", "0",
+             "--run-name", "owned"]
+    owner = start_run([*flags, "--total-timesteps", str(8 * 16 * 100_000)])
+    for line in owner.stdout:
+        if line.startswith("step "):  # training under way
+            break
+    second, _ = run_cli([*flags, "--total-timesteps", str(8 * 16 * 100_000)])
+    assert second.returncode == 2 and "Traceback" not in second.stderr, second.stderr
+    assert second.stderr.strip().splitlines()[-1].startswith(
+        f"error: runs/owned is in use by process {owner.pid} on host {socket.gethostname()} since "), second.stderr
+    assert not (Path("runs/owned") / "summary.json").exists()
+    owner.kill()
+    owner.communicate(timeout=60)
+    assert Path("runs/owned.lock").exists()  # the file stays; the kernel dropped its lock with the process
+    out, _ = run_cli([*flags, "--total-timesteps", "600"])  # 4 updates of 128 env steps and 88 more
+    assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-2000:]
+    assert not Path("runs/owned.lock").exists()  # a normal exit removes it
+    assert out.stdout.splitlines()[1] == ("--total-timesteps 600 is not a whole number of updates of 128 env steps: "
+                                          "training 512 env steps (4 updates)"), out.stdout  # said up front
 
 
 def test_no_metric_is_dropped_after_resuming_from_an_older_checkpoint():

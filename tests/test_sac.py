@@ -184,6 +184,9 @@ def test_sac_learns_pendulum_and_evaluate_plays_the_mean_and_sampled_actions(cap
     assert summary["final_eval"]["episodic_return_mean"] >= -400, summary["final_eval"]
     config = json.loads(Path("runs/pendulum/config.json").read_text())
     assert config["script"] == "sebulba.sac_envpool"
+    hidden = {"norm_obs", "norm_reward", "atari_protocol", "episodic_life", "read_mission"}  # not flags of SAC's
+    assert not hidden & set(config["args"]) and {"policy_lr", "q_lr", "seed"} <= set(config["args"])
+    assert "success_rate" not in summary["final_eval"]  # Pendulum defines no success
     capsys.readouterr()
     for greedy in (["--greedy"], []):
         result = evaluate.main(["runs/pendulum", "--episodes", "4", "--json", *greedy])
