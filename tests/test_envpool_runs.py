@@ -74,15 +74,18 @@ def test_breakout_a0_l123_tiny_run_finishes(capsys):
     args = Args(env_id="Breakout-v5", actor_device_ids=[0], learner_device_ids=[1, 2, 3], num_actor_threads=1,
                 local_num_envs=6, async_batch_size=3, num_steps=8, num_minibatches=2, update_epochs=1,
                 channels=(4, 8), hiddens=(32,), total_timesteps=6 * 8 * 3, log_frequency=1, run_name="breakout",
-                eval_episodes=2)
+                eval_episodes=2, atari_protocol="cleanrl")
     summary = main(args)
     assert summary["updates"] == 3 and summary["global_step"] == 144
     written = json.loads(Path("runs/breakout/summary.json").read_text())
     assert {"global_step", "elapsed_s", "sps", "episodic_return_mean"} <= set(written)
     assert written["global_step"] == 144 and written["sps"] > 0
-    assert written["final_eval"]["episodic_length_mean"] > 0  # two whole games of the full Atari protocol
+    assert written["final_eval"]["episodic_length_mean"] > 0  # two whole games, every life (CleanRL's protocol)
+    assert (written["atari_protocol"], written["episodic_life"]) == ("cleanrl", True)  # what the returns compare with
+    assert "success_rate" not in written["final_eval"]
     config = json.loads(Path("runs/breakout/config.json").read_text())
     assert config["args"]["learner_device_ids"] == [1, 2, 3]
+    assert (config["args"]["atari_protocol"], config["derived"]["episodic_life"]) == ("cleanrl", True)
     assert {"python", "jax", "envpool", "flax"} <= set(config["software"]["versions"])  # what reproduces the run
     assert len(config["software"]["git"]["commit"]) == 40
     out = capsys.readouterr().out
