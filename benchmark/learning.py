@@ -202,6 +202,8 @@ def run(quick: bool, only: list[str] | None, budget: int | None = None, fresh: b
             summary, lines = result["summary"], logged_lines(workdir) if workdir else result["lines"]  # every session's
             wall = lines[-1][0] if lines else result["wall_s"]
             runs.append({"seed": seed, "wall_s": wall, "end_return": summary.get("episodic_return_mean"),
+                         "global_step": summary.get("global_step"),  # short of the budget: stopped, to be resumed
+                         "unfinished": "interrupted_by" in summary,
                          "final_eval": (summary.get("final_eval") or {}).get("episodic_return_mean"),
                          "final_eval_std": (summary.get("final_eval") or {}).get("episodic_return_std"),
                          "final_success": (summary.get("final_eval") or {}).get("success_rate"),
@@ -210,7 +212,8 @@ def run(quick: bool, only: list[str] | None, budget: int | None = None, fresh: b
             print(f"{name} seed {seed}: end return {runs[-1]['end_return']}, final eval {runs[-1]['final_eval']} "
                   f"(success {runs[-1]['final_success']}; {wall:.0f} s)", flush=True)
         results[name] = {"script": script, "flags": flags, "reference": reference, "target": target, "runs": runs,
-                         "met": met(target, runs, reference), "commit": commit, "cpu": cpu,
+                         "met": None if any(r["unfinished"] for r in runs) else met(target, runs, reference),
+                         "commit": commit, "cpu": cpu,
                          "budget": budget if not quick else None}  # --only merges tasks
     return results
 

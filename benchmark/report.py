@@ -299,10 +299,21 @@ def learning_section(learn: dict, img: Path, rel: str) -> list[str]:
         successes = [x["final_success"] for x in r["runs"] if x.get("final_success") is not None]
         success = f" (success {', '.join(f'{v:.2f}' for v in successes)})" if name.startswith(("MiniGrid", "BabyAI")) else ""
         cut = f" (cut to {r['budget']:,} env steps)" if r.get("budget") else ""  # learning.py --budget
+        stopped = [x["global_step"] for x in r["runs"] if x.get("unfinished")]  # resumes with the same command
+        cut += f" (unfinished: stopped at {min(stopped):,} env steps)" if stopped else ""
         out.append(f"| {name}{cut} | {len(r['runs'])} | {reference} | {mean_std([x['end_return'] for x in r['runs']])} | "
                    f"{mean_std([x['final_eval'] for x in r['runs']])}{success} | {r['target'] or '–'} | {verdict} | {wall:,.0f} s | "
                    f"{r.get('commit') or learn['machine'].get('commit') or '?'}{elsewhere(r, learn)} |")
-        fig, ax = plt.subplots(figsize=(6, 3.5))
+        timed = all(run.get("wall_curve") for run in r["runs"])  # rows run since learning.py recorded the clock
+        fig, axes = plt.subplots(1, 2 if timed else 1, figsize=(11 if timed else 6, 3.5), squeeze=False)
+        ax = axes[0][0]
+        if timed:  # the same curve against wall clock: every session of a resumed run, one after the other
+            for run in r["runs"]:
+                points = [(t / 60, v) for t, (_, v) in zip(run["wall_curve"], run["curve"]) if v is not None]
+                axes[0][1].plot([t for t, _ in points], [v for _, v in points], color="C0", lw=0.8)
+            if ref:
+                axes[0][1].axhline(ref[0], color="grey", ls="--", lw=1)
+            axes[0][1].set(xlabel="wall clock, minutes on 2 CPU cores (each seed)", title=f"{name}, against time")
         curves = [[(s, v) for s, v in run["curve"] if v is not None] for run in r["runs"]]
         curves = [c for c in curves if c]
         if curves:
