@@ -21,7 +21,10 @@ from tensorboard.backend.event_processing.event_accumulator import EventAccumula
 import sebulba.runtime
 import sebulba.sac_envpool as sac
 from sebulba.config import ConfigError
-from sebulba.networks import TanhGaussian, env_action, log_prob, make_policy_fn, sample_action, tanh_gaussian_sample
+from sebulba.devices import Placement, host
+from sebulba.networks import (TanhGaussian, env_action, gaussian, log_prob, make_policy_fn, sample_action, tanh_gaussian_sample,
+                              tanh_log_det)
+from sebulba.rollouts import Rollout
 # The runtime tests' helpers for the script in a child process.
 from test_reliability import LEARNER_FAULT, run_cli, signal_at_update, start_run
 
@@ -305,3 +308,116 @@ def test_a_buffer_that_does_not_fit_is_refused_before_any_thread(monkeypatch, tm
                                           r"lower --buffer-size \(the replay takes 0\.1 GiB per learner device\)$"):
         sac.main(args("--buffer-size", "4000000"))
     assert not started and not (tmp_path / "runs").exists()
+
+
+# ---------------------------------------------------------------------------
+# The compiled update's wiring, step by step, against a SAC step written out here (CleanRL's
+# sac_continuous_action.py order): a swapped obs/next_obs, online params where the targets
+# belong, a missing actor or temperature step or a wrong Polyak update changes the result.
+
+def reference_actor(theta, obs):
+    """(mean, log_std) of the Actor's params, written out: one ReLU layer, then the log-std head
+    (Dense_1, tanh-squashed into [LOG_STD_MIN, LOG_STD_MAX]) and the mean head (Dense_2)."""
+    p = theta["params"]
+    h = jax.nn.relu(obs @ p["Dense_0"]["kernel"] + p["Dense_0"]["bias"])
+    log_std = jnp.tanh(h @ p["Dense_1"]["kernel"] + p["Dense_1"]["bias"])
+    log_std = sac.LOG_STD_MIN + 0.5 * (sac.LOG_STD_MAX - sac.LOG_STD_MIN) * (log_std + 1.0)
+    return h @ p["Dense_2"]["kernel"] + p["Dense_2"]["bias"], log_std
+
+
+def reference_q(phi, obs, action):
+    """Q [2, B] of the twin critics' params, written out."""
+    p = phi["params"]["VmapQNetwork_0"]
+    x = jnp.concatenate([obs, action], axis=-1)
+    h = jax.nn.relu(jnp.einsum("bi,kih->kbh", x, p["Dense_0"]["kernel"]) + p["Dense_0"]["bias"][:, None])
+    return (jnp.einsum("kbh,kho->kbo", h, p["Dense_1"]["kernel"]) + p["Dense_1"]["bias"][:, None])[..., 0]
+
+
+def noiseless_sample(theta, obs):
+    """a = tanh(mean) and its log-probability with the reparameterisation noise at 0."""
+    mean, log_std = reference_actor(theta, obs)
+    return jnp.tanh(mean), jnp.sum(-log_std - 0.5 * np.log(2 * np.pi) - jnp.log(1 - jnp.tanh(mean) ** 2), axis=-1)
+
+
+class NumpyAdam:
+    """optax.adam's defaults (b1 0.9, b2 0.999, eps 1e-8) in NumPy, float64."""
+
+    def __init__(self, params, lr):
+        self.lr, self.t = lr, 0
+        self.m = jax.tree.map(lambda p: np.zeros(np.shape(p)), params)
+        self.v = jax.tree.map(lambda p: np.zeros(np.shape(p)), params)
+
+    def step(self, params, grads):
+        self.t += 1
+        self.m = jax.tree.map(lambda m, g: 0.9 * m + 0.1 * np.asarray(g, np.float64), self.m, grads)
+        self.v = jax.tree.map(lambda v, g: 0.999 * v + 0.001 * np.asarray(g, np.float64) ** 2, self.v, grads)
+        return jax.tree.map(lambda p, m, v: p - self.lr * (m / (1 - 0.9 ** self.t))
+                            / (np.sqrt(v / (1 - 0.999 ** self.t)) + 1e-8), params, self.m, self.v)
+
+
+def test_the_compiled_update_wires_its_pieces_as_a_sac_step_written_out(monkeypatch):
+    """Four gradient steps of the compiled update (one learner device) on a replay whose every
+    slot holds the same transition (s, a, r, s'), so sampling cannot matter, with the actor's
+    noise at 0 (the sampler patched), against the same four steps written out here: the soft
+    target from s' through the current actor and the *target* critics, the critics' step, every
+    --policy-frequency steps that many actor steps each followed by a temperature step on the
+    updated actor's log-probs, and a Polyak update of the targets every step."""
+    monkeypatch.setattr(sac, "tanh_gaussian_sample", lambda policy, key: noiseless_sample_of(policy))
+    args = sac.Args(env_id="Pendulum-v1", hiddens=(8,), local_num_envs=2, num_steps=1, num_actor_threads=1,
+                    minibatch_size=4, buffer_size=2, learning_starts=0, total_timesteps=2, gamma=0.9, tau=0.3,
+                    policy_frequency=2, target_network_frequency=1, policy_lr=0.01, q_lr=0.02)
+    setup = sac.resolve(args)
+    placement = Placement(jax.devices()[:1], jax.devices()[:1])
+    agent, spec = sac.make_agent(args)
+    state, _ = sac.make_train_state(args, setup, sac.init_params(agent, spec, jax.random.PRNGKey(0)), placement)
+    s, s_next = np.array([[0.3, -0.8, 0.5]], np.float32), np.array([[0.9, 0.4, -1.2]], np.float32)
+    action, reward = np.array([[0.25]], np.float32), 0.7
+    rollout = Rollout(obs=np.repeat(np.stack([s, s_next]), 2, axis=1), actions=np.full((2, 2, 1), 0.25, np.float32),
+                      logprobs=None, values=None, rewards=np.array([[0, 0], [reward, reward]], np.float32),
+                      terminated=np.zeros((2, 2), bool), truncated=np.zeros((2, 2), bool), versions=None,
+                      discounted_returns=None)
+    buffer = sac.replay.create(sac.replay_example(spec), setup.capacity_per_device, placement.mesh)
+    update = sac.make_update_fn(args, setup, agent, placement.mesh)
+    new, buffer, metrics = update(state, buffer, placement.to_learners([rollout]), jax.random.PRNGKey(3), 4)
+    assert int(buffer.size[0]) == 2  # two envs, one transition each, the same one
+
+    on_host = lambda tree: jax.tree.map(lambda x: np.asarray(host(x), np.float64), tree)  # noqa: E731
+    theta, phi, phi_target, log_alpha = on_host(state.params), on_host(state.critic.params), on_host(
+        state.target_params), 0.0
+    actor_adam, critic_adam, alpha_adam = NumpyAdam(theta, 0.01), NumpyAdam(phi, 0.02), NumpyAdam(log_alpha, 0.02)
+    f32 = lambda tree: jax.tree.map(lambda x: jnp.asarray(x, jnp.float32), tree)  # noqa: E731
+    actor_steps, losses = 0, {"q1_loss": [], "q2_loss": [], "actor_loss": [], "alpha_loss": []}
+    for step in range(4):
+        a_next, logp_next = noiseless_sample(f32(theta), s_next)  # s' feeds the target's actor ...
+        y = reward + 0.9 * (jnp.min(reference_q(f32(phi_target), s_next, a_next), axis=0)  # ... and the targets
+                            - np.exp(log_alpha) * logp_next)
+        critic_grads = jax.grad(lambda p: jnp.sum(jnp.mean((reference_q(p, s, action) - y) ** 2, axis=1)))(f32(phi))
+        for i, q in enumerate(np.mean((np.asarray(reference_q(f32(phi), s, action)) - np.asarray(y)) ** 2, axis=1)):
+            losses[f"q{i + 1}_loss"].append(q)
+        phi = critic_adam.step(phi, critic_grads)
+        if step % 2 == 0:
+            for _ in range(2):
+                def actor_loss(p):
+                    a, logp = noiseless_sample(p, s)
+                    return jnp.mean(np.exp(log_alpha) * logp - jnp.min(reference_q(f32(phi), s, a), axis=0))
+                losses["actor_loss"].append(float(actor_loss(f32(theta))))
+                theta = actor_adam.step(theta, jax.grad(actor_loss)(f32(theta)))
+                logp = np.asarray(noiseless_sample(f32(theta), s)[1], np.float64)  # the updated actor's
+                losses["alpha_loss"].append(np.mean(-np.exp(log_alpha) * (logp + (-1.0))))
+                log_alpha = alpha_adam.step(log_alpha, losses["alpha_loss"][-1])  # d/d log_alpha: the loss itself
+                actor_steps += 1
+        phi_target = jax.tree.map(lambda t, o: 0.3 * o + 0.7 * t, phi_target, phi)
+
+    assert (int(new.critic.step), int(new.step), int(new.temperature.step), actor_steps) == (4, 4, 4, 4)
+    for got, want in ((new.critic.params, phi), (new.target_params, phi_target), (new.params, theta)):
+        jax.tree.map(lambda g, w: np.testing.assert_allclose(host(g), w, rtol=2e-4, atol=2e-6), got, want)
+    np.testing.assert_allclose(host(new.temperature.params["log_alpha"]), log_alpha, rtol=2e-4, atol=2e-6)
+    np.testing.assert_allclose(metrics["alpha"], np.exp(log_alpha), rtol=2e-4)
+    for name, values in losses.items():  # the means the update reports, each over its own steps
+        np.testing.assert_allclose(metrics[name], np.mean(values), rtol=2e-4, atol=1e-6, err_msg=name)
+
+
+def noiseless_sample_of(policy):
+    """The script's sampler with the noise at 0: (tanh(mean), its log-probability)."""
+    mean, log_std = gaussian(policy)
+    return jnp.tanh(mean), jnp.sum(-log_std - 0.5 * np.log(2 * np.pi) - tanh_log_det(mean), axis=-1)
