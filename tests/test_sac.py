@@ -1,6 +1,7 @@
 """SAC (sebulba/sac_envpool.py): the tanh-Gaussian log-probability, the soft target, the three
-losses and the Polyak update against NumPy; the exact replay ratio; the configuration checks;
-and, marked slow, runs of the real script (learning, a failing thread, a stop signal with
+losses and the Polyak update against NumPy; the compiled update's wiring against SAC steps
+written out; real pools' truncated and terminated transitions in the replay; the exact replay
+ratio; the configuration checks; and, marked slow, runs of the real script (learning, a failing thread, a stop signal with
 resume, --deterministic resume, actors of different speeds)."""
 
 import json
@@ -16,15 +17,17 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 import tyro
+from jax.sharding import PartitionSpec as P
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 import sebulba.runtime
 import sebulba.sac_envpool as sac
 from sebulba.config import ConfigError
 from sebulba.devices import Placement, host
-from sebulba.networks import (TanhGaussian, env_action, gaussian, log_prob, make_policy_fn, sample_action, tanh_gaussian_sample,
-                              tanh_log_det)
-from sebulba.rollouts import Rollout
+from sebulba.envs import make_envs, recv_batch
+from sebulba.networks import (TanhGaussian, env_action, gaussian, log_prob, make_policy_fn, sample_action,
+                              tanh_gaussian_sample, tanh_log_det)
+from sebulba.rollouts import Rollout, RolloutAssembler
 # The runtime tests' helpers for the script in a child process.
 from test_reliability import LEARNER_FAULT, run_cli, signal_at_update, start_run
 
@@ -421,3 +424,73 @@ def noiseless_sample_of(policy):
     """The script's sampler with the noise at 0: (tanh(mean), its log-probability)."""
     mean, log_std = gaussian(policy)
     return jnp.tanh(mean), jnp.sum(-log_std - 0.5 * np.log(2 * np.pi) - tanh_log_det(mean), axis=-1)
+
+
+def pendulum_step(obs, u):
+    """Pendulum-v1's dynamics (gymnasium's, which EnvPool implements): the observation after
+    torque u from observation [cos th, sin th, thdot]."""
+    th, thdot = np.arctan2(obs[..., 1], obs[..., 0]), obs[..., 2]
+    thdot = np.clip(thdot + (3 * 10.0 / 2 * np.sin(th) + 3.0 * np.clip(u, -2, 2)) * 0.05, -8, 8)
+    th = th + thdot * 0.05
+    return np.stack([np.cos(th), np.sin(th), thdot], axis=-1)
+
+
+def replay_of_a_real_pool(env_id, max_episode_steps, num_steps=16, num_envs=4):
+    """Random actions on a real async EnvPool pool through the actors' path (recv, the
+    RolloutAssembler, send) into a replay shard, as SAC's learner inserts rollouts; returns the
+    rollouts, the stored transitions and their count."""
+    pool = make_envs(env_id, num_envs, num_envs // 2, seed=5, num_threads=1, max_episode_steps=max_episode_steps)
+    dim = pool.action_space.shape[0]
+    assembler = RolloutAssembler(num_envs, num_steps, pool.observation_space.shape, np.float32, clip_rewards=False,
+                                 episodic_life=False, action_shape=(dim,), action_dtype=np.float32)
+    rng, rollouts = np.random.default_rng(0), []
+    pool.async_reset()
+    while len(rollouts) < 2:
+        env_id_, obs, reward, terminated, truncated, _ = recv_batch(pool, num_envs // 2)
+        actions = rng.uniform(pool.action_space.low, pool.action_space.high, (len(env_id_), dim)).astype(np.float32)
+        zeros = np.zeros(len(env_id_), np.float32)
+        rollouts += [r for r, *_ in assembler.add(env_id_, obs, reward, terminated, truncated, None, actions, zeros,
+                                                  zeros, 0)]
+        pool.send(actions, env_id_)
+    pool.close()
+    placement = Placement(jax.devices()[:1], jax.devices()[:1])
+    example = sac.replay_example(SimpleNamespace(observation_space=pool.observation_space, action_space=pool.action_space))
+    buffer = sac.replay.create(example, 2 * num_steps * num_envs, placement.mesh)
+    for rollout in rollouts:
+        batch = placement.to_learners([sac.learner_batch(rollout)])
+        buffer = jax.jit(jax.shard_map(lambda b, x: sac.replay.insert(b, *sac.replay.rollout_transitions(
+            x.obs, x.actions, x.rewards, x.terminated, x.truncated)), mesh=placement.mesh,
+            in_specs=(P("learner"), P(None, "learner")), out_specs=P("learner")))(buffer, batch)
+    size = int(buffer.size[0])
+    return rollouts, jax.tree.map(lambda x: np.asarray(x)[:size], buffer.data), size
+
+
+def test_a_real_pools_truncated_transitions_store_the_final_observation_not_the_reset():
+    """Pendulum-v1 truncated every 5 steps: every stored transition, the truncated ones included,
+    has the next observation that Pendulum's dynamics give from its observation and action (the
+    reset observation EnvPool returns a step later never appears as one), none is terminal, and
+    the auto-reset steps are not stored."""
+    rollouts, stored, size = replay_of_a_real_pool("Pendulum-v1", max_episode_steps=5)
+    truncations = sum(int(r.truncated[1:].sum()) for r in rollouts)
+    auto_resets = sum(int((r.terminated[:-1] | r.truncated[:-1]).sum()) for r in rollouts)
+    assert truncations >= 8 and size == 2 * 16 * 4 - auto_resets
+    np.testing.assert_allclose(stored.next_obs, pendulum_step(stored.obs, stored.action[:, 0]), atol=2e-4)
+    assert not stored.terminated.any()
+
+
+def test_a_real_pools_terminated_transitions_are_stored_terminal_with_their_final_observation():
+    """Hopper-v4 under random actions falls within a few dozen steps: its terminated transitions
+    reach the replay marked terminal with the observation it fell on (never the next episode's
+    first), and the soft target does not bootstrap from them."""
+    rollouts, stored, _ = replay_of_a_real_pool("Hopper-v4", max_episode_steps=1000, num_steps=32)
+    ends = [(r, t, e) for r in rollouts for t, e in zip(*np.nonzero(r.terminated[1:]))]
+    assert ends and int(stored.terminated.sum()) == len(ends)
+    for rollout, t, e in ends:
+        row = np.nonzero((stored.obs == rollout.obs[t, e]).all(axis=1))[0]
+        assert len(row) == 1 and stored.terminated[row[0]]
+        np.testing.assert_array_equal(stored.next_obs[row[0]], rollout.obs[t + 1, e])  # the fall, as EnvPool gave it
+        if t + 2 < rollout.obs.shape[0]:  # the next row is the reset: a different episode's first observation
+            assert not np.array_equal(rollout.obs[t + 2, e], rollout.obs[t + 1, e])
+    target = sac.soft_q_target(jnp.asarray(stored.reward), jnp.asarray(stored.terminated, jnp.float32),
+                               jnp.full((2, len(stored.reward)), 100.0), jnp.zeros(len(stored.reward)), 0.2, 0.99)
+    np.testing.assert_allclose(np.asarray(target)[stored.terminated], stored.reward[stored.terminated], rtol=1e-6)
