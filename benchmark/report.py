@@ -257,6 +257,21 @@ def startup_section(start: dict) -> list[str]:
     return [*out, ""]
 
 
+def conv_section(conv: dict) -> list[str]:
+    out = ["## The Nature CNN's gradient on the CPU (`benchmark/conv.py`)", "",
+           f"One gradient of a policy-and-value loss of the Nature CNN over {conv['batch']} frames "
+           f"({conv['gflop_per_gradient']:.1f} GFLOP: the forward pass and both backward products), median of several "
+           "steps after compiling; cores busy = CPU-seconds ÷ wall seconds. The scripts' `ValidConv` runs the matmul "
+           "over patches on the CPU (docs/performance.md).", "",
+           "| the convolutions as | ms a gradient | cores busy | GFLOP/s |", "| --- | --- | --- | --- |"]
+    names = {"xla_convolution": "XLA's convolution (flax's nn.Conv)", "matmul_over_patches": "a matmul over patches "
+             "(ValidConv)", "matmul_chain_ceiling": "plain matmuls of the same shapes (the ceiling)"}
+    for key, r in conv["results"].items():
+        out.append(f"| {names.get(key, key)} | {r['step_s'] * 1e3:.0f} ({r['step_s_min'] * 1e3:.0f}–"
+                   f"{r['step_s_max'] * 1e3:.0f}) | {r['cpu_s_per_step'] / r['step_s']:.2f} | {r['gflop_per_s']:.0f} |")
+    return [*out, ""]
+
+
 def gpu_section(gpu: dict) -> list[str]:
     m = gpu["machine"]
     out = ["## On a GPU (`benchmark/gpu.py`)", "",
@@ -437,8 +452,8 @@ def save_fig(fig, path: Path):
 
 
 def report(results: Path, md: Path, img: Path) -> Path:
-    names = ("env_throughput", "stages", "e2e", "time_to_solve", "startup", "memory", "learning", "gpu", "peers")
-    env, stages, e2e, tts, start, mem, learn, gpu, peers = parts = [load(results, n) for n in names]
+    names = ("env_throughput", "stages", "e2e", "time_to_solve", "startup", "memory", "conv", "learning", "gpu", "peers")
+    env, stages, e2e, tts, start, mem, conv, learn, gpu, peers = parts = [load(results, n) for n in names]
     if not any(parts):
         raise SystemExit(f"no results in {results}: run benchmark/run.py first")
     rel = os.path.relpath(img, md.parent)
@@ -463,6 +478,8 @@ def report(results: Path, md: Path, img: Path) -> Path:
         lines += startup_section(start)
     if mem:
         lines += memory_section(mem)
+    if conv:
+        lines += conv_section(conv)
     if learn:
         lines += learning_section(learn, img, rel)
     if gpu:
