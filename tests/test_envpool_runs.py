@@ -2,6 +2,7 @@
 MiniGrid's mission, logging."""
 
 import json
+import sys
 from pathlib import Path
 
 import envpool
@@ -70,7 +71,7 @@ def test_the_network_sizes_its_output_from_the_training_envs_action_space():
 
 
 @pytest.mark.slow
-def test_breakout_a0_l123_tiny_run_finishes(capsys):
+def test_breakout_a0_l123_tiny_run_finishes(capsys, monkeypatch):
     args = Args(env_id="Breakout-v5", actor_device_ids=[0], learner_device_ids=[1, 2, 3], num_actor_threads=1,
                 local_num_envs=6, async_batch_size=3, num_steps=8, num_minibatches=2, update_epochs=1,
                 channels=(4, 8), hiddens=(32,), total_timesteps=6 * 8 * 3, log_frequency=1, run_name="breakout",
@@ -86,6 +87,16 @@ def test_breakout_a0_l123_tiny_run_finishes(capsys):
     config = json.loads(Path("runs/breakout/config.json").read_text())
     assert config["args"]["learner_device_ids"] == [1, 2, 3]
     assert (config["args"]["atari_protocol"], config["derived"]["episodic_life"]) == ("cleanrl", True)
+    # scripts/evaluate.py plays the run under its protocol: EnvPool's life-loss episodes and minimal actions, and
+    # whole games all the same.
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "scripts"))
+    import evaluate
+    pools = []
+    monkeypatch.setattr(evaluate, "make_envs", lambda *a, **k: pools.append(make_envs(*a, **k)) or pools[-1])
+    result = evaluate.main(["runs/breakout", "--episodes", "1", "--json"])
+    assert (pools[0].config["episodic_life"], pools[0].config["repeat_action_probability"], pools[0].action_space.n) \
+        == (True, 0.0, 4)
+    assert result["lengths"][0] > 0
     assert {"python", "jax", "envpool", "flax"} <= set(config["software"]["versions"])  # what reproduces the run
     assert len(config["software"]["git"]["commit"]) == 40
     out = capsys.readouterr().out
