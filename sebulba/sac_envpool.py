@@ -45,7 +45,7 @@ import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import Any
 
 if __name__ == "__main__":  # Ctrl-C while the libraries load: exit quietly (run_cli takes the signal back)
     signal.signal(signal.SIGINT, signal.SIG_DFL)
@@ -99,8 +99,9 @@ class Args(RunFlags):
     read_mission: tyro.conf.Suppress[bool | None] = None  # MiniGrid's and BabyAI's; their actions are discrete
     eval_greedy: bool = False
     """evaluate with the mean action (tanh of the Gaussian's mean, mapped onto the bounds) instead of sampling"""
-    # What a user of the on-policy scripts types, and SAC's name for it (runtime.unknown_flag).
-    flag_hints: ClassVar[dict[str, str]] = {
+    # What a user of the on-policy scripts types, and SAC's name for it (runtime.unknown_flag); a class
+    # attribute, not a field (no annotation), so not a flag.
+    flag_hints = {
         "--learning-rate": "--policy-lr (the actor's) and --q-lr (the critics' and the temperature's)",
         "--ent-coef": "--alpha (the entropy temperature, with --no-autotune)",
         "--update-epochs": "--replay-ratio (gradient steps per env step)"}
