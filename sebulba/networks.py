@@ -55,7 +55,7 @@ def conv_as_matmul(x, kernel, stride: int):
     the input's k x k patches (im2col: [N*H'*W', k*k*C] @ [k*k*C, F]) -> [N, H', W', F]. The
     patches are k*k strided slices, whose gradient is a pad-and-add; XLA:CPU runs this as a
     multithreaded GEMM, where its own convolution's gradient ran on about one core at half
-    the speed (the Nature CNN's gradient, batch 256: 0.24 s against 0.46 s on 2 cores;
+    the speed (the Nature CNN's gradient, batch 256: 0.20 s against 0.44 s on 2 cores;
     benchmark/conv.py)."""
     k, _, c, f = kernel.shape
     n, h, w, _ = x.shape
