@@ -4,7 +4,7 @@
     python benchmark/env_throughput.py --quick    # one env count and thread count per task, 1 repetition (~15 s)
 
 Random actions, no policy, no learning. For CartPole-v1 and Breakout-v5 (the training
-protocol's settings: Machado et al. 2018 for Atari, so SPS are env steps; frames = 4x), env
+protocol's settings: Cleanba's for Atari, so SPS are env steps; frames = 4x), env
 steps per second and the machine's per-core CPU utilisation (%) of:
 
 * `envpool_sync`: EnvPool `step()` on the whole pool (batch = envs);
