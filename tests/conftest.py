@@ -15,7 +15,9 @@ level itself is kept."""
 
 import gc
 import os
+import signal
 import tempfile
+import threading
 
 if "xla_backend_optimization_level" not in os.environ.get("XLA_FLAGS", ""):
     os.environ["XLA_FLAGS"] = f"{os.environ.get('XLA_FLAGS', '')} --xla_backend_optimization_level=0".strip()
@@ -42,12 +44,15 @@ def _in_tmp_dir(tmp_path, monkeypatch):
 
 
 def pytest_sessionfinish(session, exitstatus):
-    """Free what the session compiled before the worker says it has finished. pytest-xdist ends a
-    worker by closing its gateway, and execnet sends the worker a SIGINT when its main task has
-    not returned 5 s later (execnet's WorkerGateway._terminate_execution). The garbage collection
-    of the hundreds of programs a worker compiled ran that long, so the SIGINT landed inside
-    jax's gc callback (`_xla_gc_callback`) and a passing suite ended with a
-    PytestUnraisableExceptionWarning whose traceback ended in KeyboardInterrupt. Collected here,
-    inside the session, that garbage is gone before the shutdown's clock starts."""
+    """A pytest-xdist worker whose tests have all run ignores SIGINT. The controller ends a worker
+    by closing its gateway, and execnet sends the worker a SIGINT when its main task has not
+    returned 5 s later (execnet's WorkerGateway._terminate_execution); a worker still
+    garbage-collecting the hundreds of programs it compiled took that long, the SIGINT landed
+    inside jax's gc callback (`_xla_gc_callback`), and a passing suite ended with a
+    PytestUnraisableExceptionWarning whose traceback ended in KeyboardInterrupt. Nothing is left
+    to interrupt then: the worker finishes on its own. JAX's caches are freed first, so there is
+    less to collect."""
     jax.clear_caches()
     gc.collect()
+    if hasattr(session.config, "workerinput") and threading.current_thread() is threading.main_thread():
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
