@@ -22,6 +22,18 @@ def test_steady_rates_skip_the_compiling_update():
         common.steady_rates(LINES[:2])
 
 
+def test_a_resumed_runs_console_lines_add_up_every_sessions_seconds(tmp_path):
+    """benchmark/learning.py's runs outlive a session: run_script appends each session's console to
+    console.log after its seconds since that launch; the curve's clock adds the sessions up."""
+    line = "step {:>10} | update {}/9 | sps     100 | return {} | policy lag 0.00 (max 0) | eta 1s"
+    (tmp_path / "console.log").write_text("\n".join([
+        "2.0\trun bench: ...", f"10.0\t{line.format(100, 1, '     n/a')}", f"20.0\t{line.format(200, 2, '     1.5')}",
+        "21.0\tSIGTERM: checkpointing and stopping",
+        "3.0\tresumed from ...", f"12.0\t{line.format(300, 3, '     2.5')}"]) + "\n")
+    assert common.logged_lines(tmp_path) == [(10.0, 100, 1, None), (20.0, 200, 2, 1.5), (21.0 + 12.0, 300, 3, 2.5)]
+    assert common.logged_lines(tmp_path / "none") == []
+
+
 def test_time_to_return_is_the_first_line_at_the_threshold():
     assert common.time_to_return(LINES, 475) == (14.0, 300)
     assert common.time_to_return(LINES, 501) == (None, None)
