@@ -101,7 +101,8 @@ BREAKOUT_PPO_CLEANRL = ["--env-id", "Breakout-v5", "--atari-protocol", "cleanrl"
 
 # SAC: the script's defaults are CleanRL's sac_continuous_action.py hyperparameters (1M env steps, buffer 1M,
 # 5k random steps, batch 256, lr 3e-4 / 1e-3, policy frequency 2, tau 0.005, autotuned alpha). CleanRL's
-# published SAC table is on the v2 tasks (MuJoCo-py); these rows run EnvPool's v4 (mujoco bindings).
+# published SAC table is on the v2 tasks (MuJoCo-py); these rows run EnvPool's v4 (mujoco bindings). Their env steps
+# count EnvPool's auto-reset steps, which store no transition (docs/sac_envpool.md: about 4 % of early Hopper's).
 SAC_MUJOCO = ["--total-timesteps", "1000000"]
 
 # name: (script, flags, seeds, reference (mean, std, source) or None, target (description, test on the seed means))
