@@ -26,7 +26,7 @@ from sebulba.config import ConfigError
 from sebulba.devices import Placement, host
 from sebulba.envs import make_envs, recv_batch
 from sebulba.networks import (TanhGaussian, env_action, gaussian, log_prob, make_policy_fn, sample_action,
-                              tanh_gaussian_sample, tanh_log_det)
+                              tanh_gaussian_sample)
 from sebulba.rollouts import Rollout, RolloutAssembler
 # The runtime tests' helpers for the script in a child process.
 from test_reliability import LEARNER_FAULT, run_cli, signal_at_update, start_run
@@ -337,9 +337,8 @@ def reference_q(phi, obs, action):
 
 
 def noiseless_sample(theta, obs):
-    """a = tanh(mean) and its log-probability with the reparameterisation noise at 0."""
-    mean, log_std = reference_actor(theta, obs)
-    return jnp.tanh(mean), jnp.sum(-log_std - 0.5 * np.log(2 * np.pi) - jnp.log(1 - jnp.tanh(mean) ** 2), axis=-1)
+    """a = tanh(mean) and its log-probability with the reparameterisation noise at 0, from the actor written out."""
+    return noiseless_sample_of(reference_actor(theta, obs))
 
 
 class NumpyAdam:
@@ -421,9 +420,10 @@ def test_the_compiled_update_wires_its_pieces_as_a_sac_step_written_out(monkeypa
 
 
 def noiseless_sample_of(policy):
-    """The script's sampler with the noise at 0: (tanh(mean), its log-probability)."""
+    """The script's sampler with the noise at 0 (patched into the update; the test's actor uses it too):
+    (tanh(mean), its log-probability by the change of variables, written out)."""
     mean, log_std = gaussian(policy)
-    return jnp.tanh(mean), jnp.sum(-log_std - 0.5 * np.log(2 * np.pi) - tanh_log_det(mean), axis=-1)
+    return jnp.tanh(mean), jnp.sum(-log_std - 0.5 * np.log(2 * np.pi) - jnp.log(1 - jnp.tanh(mean) ** 2), axis=-1)
 
 
 def pendulum_step(obs, u):
