@@ -5,7 +5,8 @@
 
 Works for runs of any sebulba script with `Args`, `make_agent`, `init_params`, `resolve` and
 `make_train_state` (sebulba/ppo_envpool.py, sebulba/impala_envpool.py, sebulba/ppo_lstm_envpool.py,
-sebulba/sac_envpool.py: its actor, the mean action with --greedy):
+sebulba/sac_envpool.py: its actor, the mean action with --greedy; sebulba/pqn_envpool.py: ε-greedy with the
+run's --end-e, the argmax of the Q-values with --greedy):
 the script is the module that RUN_DIR/config.json names under "script" (runs written before it
 had one: told apart by their saved flags). An LSTM agent's state starts from zeros in each env,
 and again after each life loss for a run trained with --episodic-life, where training restarted

@@ -92,9 +92,11 @@ class NatureEncoder(nn.Module):
     (VALID padding, ReLU after each), flattened, then ReLU dense layers `hiddens` (the paper's:
     512) -> [B, hiddens[-1]] float32. Orthogonal init with gain sqrt(2), zero biases. On 84x84x4
     frames with (512,): 1,684,128 parameters and ~9.3M multiply-adds a frame, about a sixth of
-    the IMPALA ResNet's (16, 32, 32) + 256."""
+    the IMPALA ResNet's (16, 32, 32) + 256. With `layer_norm`, a LayerNorm after every conv and
+    dense layer, before its ReLU (`norm`)."""
 
     hiddens: tuple[int, ...]
+    layer_norm: bool = False
     convs = ((32, 8, 4), (64, 4, 2), (64, 3, 1))  # (channels, kernel size, stride)
 
     @nn.compact
@@ -102,11 +104,20 @@ class NatureEncoder(nn.Module):
         init = nn.initializers.orthogonal(np.sqrt(2))
         x = jnp.transpose(obs, (0, 2, 3, 1)).astype(jnp.float32) / 255.0
         for i, (channels, size, stride) in enumerate(self.convs):  # named as nn.Conv's: checkpoints load either way
-            x = nn.relu(ValidConv(channels, size, stride, kernel_init=init, name=f"Conv_{i}")(x))
+            x = nn.relu(self.norm(ValidConv(channels, size, stride, kernel_init=init, name=f"Conv_{i}")(x), 3))
         x = x.reshape((x.shape[0], -1))
         for h in self.hiddens:
-            x = nn.relu(nn.Dense(h, kernel_init=init)(x))
+            x = nn.relu(self.norm(nn.Dense(h, kernel_init=init)(x), 1))
         return x
+
+    def norm(self, x, axes: int):
+        """With `layer_norm` (PQN's Q-network: CleanRL's pqn_atari_envpool.py, torch's LayerNorm over
+        a conv output's whole [C, H, W]): LayerNorm over the last `axes` axes, an elementwise scale
+        and bias over them, epsilon 1e-5 (torch's); else x."""
+        if not self.layer_norm:
+            return x
+        last = tuple(range(-axes, 0))
+        return nn.LayerNorm(epsilon=1e-5, reduction_axes=last, feature_axes=last)(x)
 
 
 def make_atari_encoder(name: str, channels: tuple[int, ...], hiddens: tuple[int, ...]) -> nn.Module:
@@ -124,6 +135,21 @@ class MLPEncoder(nn.Module):
         x = obs.reshape((obs.shape[0], -1)).astype(jnp.float32)
         for h in self.hiddens:
             x = nn.tanh(nn.Dense(h, kernel_init=nn.initializers.orthogonal(np.sqrt(2)))(x))
+        return x
+
+
+class LayerNormMLP(nn.Module):
+    """Vector observations [B, D] -> [B, hiddens[-1]] float32: Dense, LayerNorm, ReLU per width in
+    `hiddens` (PQN's Q-network on vector tasks: CleanRL's pqn.py, 120-84; purejaxql's pqn_gymnax.py,
+    2 x 256), orthogonal init with gain sqrt(2), zero biases, LayerNorm epsilon 1e-5 (torch's)."""
+
+    hiddens: tuple[int, ...]
+
+    @nn.compact
+    def __call__(self, obs):
+        x = obs.reshape((obs.shape[0], -1)).astype(jnp.float32)
+        for h in self.hiddens:
+            x = nn.relu(nn.LayerNorm(epsilon=1e-5)(nn.Dense(h, kernel_init=nn.initializers.orthogonal(np.sqrt(2)))(x)))
         return x
 
 
@@ -356,9 +382,19 @@ def make_policy_fn(agent: nn.Module, action_space=None, greedy: bool = False):
     action is what `send` gets (`env_action`: clipped to a Box `action_space`'s bounds, or for a
     TanhGaussian mapped onto them; None for discrete actions: send the action; no second copy
     to the host). `greedy` takes the policy's mode instead of sampling (evaluation). A recurrent agent (one with `lstm_size`,
-    sebulba/ppo_lstm_envpool.py's) gets a `RecurrentPolicy` instead."""
+    sebulba/ppo_lstm_envpool.py's) gets a `RecurrentPolicy` instead. A Q-network (an agent with
+    `q_network`, sebulba/pqn_envpool.py's, whose apply returns Q-values [B, A]) gets its
+    ε-greedy policy with ε = 0 where `greedy`, else its `eval_epsilon`; the value is max_a Q."""
     if getattr(agent, "lstm_size", 0):
         return RecurrentPolicy(agent, action_space, greedy)
+    if getattr(agent, "q_network", False):
+        act, epsilon = make_epsilon_greedy_fn(agent), 0.0 if greedy else agent.eval_epsilon
+
+        def q_policy(params, obs, key):
+            action, logprob, value, _, key = act(params, obs, key, epsilon)
+            return action, None, logprob, value, key
+
+        return q_policy
     bounds = (action_space.low, action_space.high) if agent.continuous else None
 
     @jax.jit
@@ -382,3 +418,36 @@ def env_action(dist, action, bounds):
         low, high = bounds
         return low + (action + 1.0) * (high - low) / 2.0
     return jnp.clip(action, *bounds)
+
+
+def epsilon_greedy(q_values, key, epsilon):
+    """ε-greedy action choice (Watkins 1989; Mnih et al. 2015) over q_values [B, A] float32 with
+    `epsilon` (a scalar in [0, 1]): with probability ε an action drawn uniformly from all A
+    (the greedy one among them), else argmax_a Q (the first of ties), as purejaxql's
+    eps_greedy_exploration. Returns (actions [B] int32, log mu(a|s) [B] float32 under the
+    behaviour policy mu(a|s) = ε / A + (1 - ε) [a = argmax_a Q], explored [B] bool: the uniform
+    draw was taken)."""
+    explore_key, action_key = jax.random.split(key)
+    greedy = jnp.argmax(q_values, axis=-1).astype(jnp.int32)
+    num_actions = q_values.shape[-1]
+    explored = jax.random.uniform(explore_key, greedy.shape) < epsilon
+    actions = jnp.where(explored, jax.random.randint(action_key, greedy.shape, 0, num_actions, jnp.int32), greedy)
+    prob = epsilon / num_actions + (1.0 - epsilon) * (actions == greedy)
+    return actions, jnp.log(prob), explored
+
+
+def make_epsilon_greedy_fn(agent: nn.Module):
+    """jit((params, obs_moments), obs [B, *obs], key, epsilon) -> (action [B] int32, log mu(a|s)
+    [B], max_a Q(s, a) [B] float32, explored [B] bool, key) for a Q-network `agent` whose
+    apply(params, obs, obs_moments) returns Q-values [B, A]; `epsilon_greedy` chooses. ε is a
+    traced scalar: a new ε compiles nothing."""
+
+    @jax.jit
+    def policy(params, obs, key, epsilon):
+        params, obs_moments = params
+        q_values = agent.apply(params, obs, obs_moments)
+        key, sample_key = jax.random.split(key)
+        action, logprob, explored = epsilon_greedy(q_values, sample_key, epsilon)
+        return action, logprob, jnp.max(q_values, axis=-1), explored, key
+
+    return policy

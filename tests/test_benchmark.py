@@ -131,6 +131,9 @@ def test_learning_targets_and_report(tmp_path):
     assert not learning.met("every seed reaches ≥ 475 and the last-20 mean stays ≥ 450 after", [run(500.0, curve=dip)],
                             None)
     assert learning.met("every seed reaches ≥ 475 and the last-20 mean stays ≥ 450 after", [run(500.0)], None)
+    reaches = learning.TASKS["CartPole-v1/PQN/500k"][4]
+    assert learning.met(reaches, [run(300.0, curve=dip), run(500.0)], None)  # reached, whatever came after
+    assert not learning.met(reaches, [run(500.0), run(474.0, curve=((1000, 474.9), (2000, None)))], None)
     assert not learning.met("mean ≥ 480", [run(None)], None)  # a run without a finished game fails
     memory = lambda success: {**run(0.9), "final_success": success}  # noqa: E731
     assert learning.met("every seed's final success rate ≥ 0.9", [memory(0.97), memory(0.9)], None)

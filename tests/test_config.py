@@ -19,6 +19,7 @@ import wandb
 from sebulba import impala_envpool as impala
 from sebulba import ppo_lstm_envpool as ppo_lstm
 from sebulba import ppo_envpool as ppo
+from sebulba import pqn_envpool as pqn
 from sebulba import sac_envpool as sac
 from sebulba.config import ConfigError, RunFlags, resolve_run
 
@@ -139,7 +140,8 @@ def cli(module, *flags) -> tuple[int, str, str]:
 
 
 @pytest.mark.parametrize("script, module", [("ppo_envpool.py", ppo), ("impala_envpool.py", impala),
-                                            ("ppo_lstm_envpool.py", ppo_lstm), ("sac_envpool.py", sac)])
+                                            ("ppo_lstm_envpool.py", ppo_lstm), ("sac_envpool.py", sac),
+                                            ("pqn_envpool.py", pqn)])
 def test_cli_help_lists_every_flag_with_its_help_line(script, module, monkeypatch):
     monkeypatch.setenv("COLUMNS", "400")
     code, stdout, _ = cli(module, "--help")
@@ -195,7 +197,8 @@ def test_cli_wrong_flag_and_bad_value_exit_nonzero_with_one_clear_line():
 @pytest.mark.parametrize("module, given, meant", [
     (sac, "--learning-rate", "--policy-lr (the actor's) and --q-lr (the critics' and the temperature's)"),
     (sac, "--learnin-starts", "--learning-starts"), (ppo, "--num-envs", "--local-num-envs (envs per actor thread)"),
-    (ppo, "--policy-lr", "--learning-rate"), (impala, "--learning_rte", "--learning-rate")])
+    (ppo, "--policy-lr", "--learning-rate"), (impala, "--learning_rte", "--learning-rate"),
+    (pqn, "--eps-finish", "--end-e")])
 def test_an_unknown_flag_is_one_line_naming_the_flags_meant(module, given, meant):
     code, _, stderr = cli(module, "--env-id", "CartPole-v1", given, "1")
     assert code == 2 and stderr.strip().splitlines() == [
@@ -208,6 +211,7 @@ def test_every_spelling_of_a_real_flag_passes_the_unknown_flag_check():
     assert unknown_flag(ppo.Args, ["--num_steps", "8", "--no-norm-adv", "--norm-adv=False", "--env-id=x", "-h"]) is None
     assert unknown_flag(sac.Args, ["--no-autotune", "--no-save-buffer"]) is None
     assert unknown_flag(sac.Args, ["--norm-obs", "True"]) is not None  # hidden: not a flag of SAC's
+    assert unknown_flag(pqn.Args, ["--norm-reward", "True"]) is not None  # nor of PQN's
     assert unknown_flag(ppo.Args, ["--no-seed"]) is not None  # --no- only for switches
 
 

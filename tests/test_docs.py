@@ -22,6 +22,7 @@ import tyro
 import sebulba.impala_envpool as impala
 import sebulba.ppo_envpool as ppo
 import sebulba.ppo_lstm_envpool as ppo_lstm
+import sebulba.pqn_envpool as pqn
 import sebulba.sac_envpool as sac
 from sebulba.config import Cluster
 from sebulba.envs import is_atari
@@ -29,11 +30,12 @@ from sebulba.runtime import layout_line
 from test_envpool_runs import CARTPOLE_PRESET, GOTO_DOOR_PRESET
 from test_impala import CARTPOLE_PRESET as IMPALA_CARTPOLE_PRESET
 from test_lstm import CARTPOLE_PRESET as LSTM_CARTPOLE_PRESET
+from test_pqn import CARTPOLE_PRESET as PQN_CARTPOLE_PRESET
 
 ROOT = Path(__file__).resolve().parents[1]
 PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
 SCRIPTS = {"sebulba/ppo_envpool.py": ppo, "sebulba/impala_envpool.py": impala, "sebulba/ppo_lstm_envpool.py": ppo_lstm,
-           "sebulba/sac_envpool.py": sac}
+           "sebulba/sac_envpool.py": sac, "sebulba/pqn_envpool.py": pqn}
 PLACEHOLDERS = ("...", "…", "RUN_DIR", "<")
 
 
@@ -79,7 +81,7 @@ COMMANDS = sorted(set(documented_commands()))
 # the page's command must be that test's preset, budget and evaluation games aside, and is not trained
 # again for one update here.
 FULLY_TRAINED = [(ppo, CARTPOLE_PRESET), (ppo, GOTO_DOOR_PRESET), (impala, IMPALA_CARTPOLE_PRESET),
-                 (ppo_lstm, LSTM_CARTPOLE_PRESET)]
+                 (ppo_lstm, LSTM_CARTPOLE_PRESET), (pqn, PQN_CARTPOLE_PRESET)]
 BUDGET = {"total_timesteps", "eval_episodes"}
 
 
@@ -101,7 +103,7 @@ def test_each_preset_a_learning_test_trains_is_a_documented_command():
 def test_the_pages_document_the_commands_this_test_knows():
     pages = {page for page, _ in COMMANDS}
     assert {"README.md", "distributed.md", "ppo_envpool.md", "impala_envpool.md", "ppo_lstm_envpool.md",
-            "sac_envpool.md"} <= pages
+            "sac_envpool.md", "pqn_envpool.md"} <= pages
     assert "two_processes" in quoted_layout_lines()
 
 
