@@ -99,12 +99,16 @@ BREAKOUT_PPO_CLEANRL = ["--env-id", "Breakout-v5", "--atari-protocol", "cleanrl"
                         "--learning-rate", "2.5e-4", "--clip-coef", "0.1", "--ent-coef", "0.01", "--vf-coef", "0.5",
                         "--max-grad-norm", "0.5", "--max-policy-lag", "0", "--checkpoint-interval", "10"]
 
-# PQN: the README preset (CleanRL's pqn.py hyperparameters over purejaxql's CartPole batch layout) and, on Breakout,
+# PQN: the README preset (CleanRL's pqn.py hyperparameters over purejaxql's CartPole batch layout), CleanRL's pqn.py
+# as it is (4 envs x 128 steps, every env in every recv as its synchronous vector env) and, on Breakout,
 # the script's defaults (CleanRL's pqn_atari_envpool.py: its protocol, the Nature CNN with LayerNorm, 8 envs x 128
 # steps, 4 x 4 minibatches) at 2M env steps with CleanRL's synchronous loop; checkpoints every 10 updates.
 PQN_CARTPOLE = ["--env-id", "CartPole-v1", "--total-timesteps", "500000", "--local-num-envs", "32", "--num-steps", "64",
                 "--num-minibatches", "16", "--update-epochs", "4", "--hiddens", "120", "84", "--end-e", "0.05",
                 "--exploration-fraction", "0.5"]
+PQN_CARTPOLE_CLEANRL = ["--env-id", "CartPole-v1", "--total-timesteps", "500000", "--local-num-envs", "4",
+                        "--num-steps", "128", "--num-minibatches", "4", "--update-epochs", "4", "--hiddens", "120", "84",
+                        "--end-e", "0.05", "--exploration-fraction", "0.5", "--async-batch-size", "4"]
 BREAKOUT_PQN_CLEANRL = ["--env-id", "Breakout-v5", "--total-timesteps", "2000000", "--max-policy-lag", "0",
                         "--checkpoint-interval", "10"]
 
@@ -136,6 +140,8 @@ TASKS = {
                            "every seed reaches ≥ 475 and the last-20 mean stays ≥ 450 after"),
     "CartPole-v1/PQN/500k": ("pqn_envpool.py", PQN_CARTPOLE, 5, (495.1, 6.9, "CleanRL pqn.py"),
                              "every seed reaches ≥ 475"),
+    "CartPole-v1/PQN/500k-cleanrl": ("pqn_envpool.py", PQN_CARTPOLE_CLEANRL, 5, (495.1, 6.9, "CleanRL pqn.py"),
+                                     "every seed reaches ≥ 475"),
     "MiniGrid-MemoryS7-v0/PPO-LSTM/4M": ("ppo_lstm_envpool.py", [*MEMORY_S7, "--ent-coef", "0.03", "--lstm-size", "128"],
                                          3, None, "every seed's final success rate ≥ 0.9"),
     "MiniGrid-MemoryS7-v0/PPO/4M": ("ppo_envpool.py", [*MEMORY_S7, "--ent-coef", "0.01"], 3, None,
