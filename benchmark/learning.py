@@ -100,7 +100,7 @@ BREAKOUT_PPO_CLEANRL = ["--env-id", "Breakout-v5", "--atari-protocol", "cleanrl"
                         "--max-grad-norm", "0.5", "--max-policy-lag", "0", "--checkpoint-interval", "10"]
 
 # PQN: the README preset (CleanRL's pqn.py hyperparameters over purejaxql's CartPole batch layout), CleanRL's pqn.py
-# as it is (4 envs x 128 steps, every env in every recv as its synchronous vector env) and, on Breakout,
+# as it is (4 envs x 128 steps, synchronous as its loop) and, on Breakout,
 # the script's defaults (CleanRL's pqn_atari_envpool.py: its protocol, the Nature CNN with LayerNorm, 8 envs x 128
 # steps, 4 x 4 minibatches) at 2M env steps with CleanRL's synchronous loop; checkpoints every 10 updates.
 PQN_CARTPOLE = ["--env-id", "CartPole-v1", "--total-timesteps", "500000", "--local-num-envs", "32", "--num-steps", "64",
@@ -108,7 +108,7 @@ PQN_CARTPOLE = ["--env-id", "CartPole-v1", "--total-timesteps", "500000", "--loc
                 "--exploration-fraction", "0.5"]
 PQN_CARTPOLE_CLEANRL = ["--env-id", "CartPole-v1", "--total-timesteps", "500000", "--local-num-envs", "4",
                         "--num-steps", "128", "--num-minibatches", "4", "--update-epochs", "4", "--hiddens", "120", "84",
-                        "--end-e", "0.05", "--exploration-fraction", "0.5", "--async-batch-size", "4"]
+                        "--end-e", "0.05", "--exploration-fraction", "0.5", "--max-policy-lag", "0"]
 BREAKOUT_PQN_CLEANRL = ["--env-id", "Breakout-v5", "--total-timesteps", "2000000", "--max-policy-lag", "0",
                         "--checkpoint-interval", "10"]
 
