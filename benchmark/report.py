@@ -3,7 +3,8 @@
     python benchmark/report.py                                   # benchmark/results -> benchmark/RESULTS.md, docs/img/
     python benchmark/report.py --results DIR --md FILE --img DIR
 
-Reads env_throughput.json, stages.json, e2e.json, time_to_solve.json, startup.json, memory.json, learning.json,
+Reads env_throughput.json, stages.json, e2e.json, time_to_solve.json, startup.json, memory.json, conv.json,
+sac_step.json, learning.json,
 gpu.json and peers.json (whichever exist)
 and writes every table and figure from them; nothing in RESULTS.md is typed by hand.
 """
@@ -272,6 +273,23 @@ def conv_section(conv: dict) -> list[str]:
     return [*out, ""]
 
 
+def sac_step_section(sac: dict) -> list[str]:
+    r = sac["results"]
+    median = lambda key: r[key]["median"]  # noqa: E731
+    return ["## SAC's update alone (`benchmark/sac_step.py`)", "",
+            f"sebulba/sac_envpool.py's compiled update on {r['env_id']} with CleanRL's sizes ({'-'.join(map(str, r['hiddens']))} "
+            f"networks, minibatch {r['minibatch']}), programs of {r['steps_per_program']} gradient steps, one learner "
+            f"device; {r['step_gflop']:.2f} GFLOP a step (its matrix multiplies). Median (min–max) of "
+            f"{r['gradient_steps_per_s']['n']} repetitions; the ceiling is a chain of 256 × 256 float32 matmuls "
+            "on the same cores.", "",
+            "| gradient steps/s | GFLOP/s | cores busy | matmul chain, GFLOP/s | share of the chain |",
+            "| --- | --- | --- | --- | --- |",
+            f"| {median('gradient_steps_per_s'):.0f} ({r['gradient_steps_per_s']['min']:.0f}–"
+            f"{r['gradient_steps_per_s']['max']:.0f}) | {median('gflop_per_s'):.0f} | {median('cores_busy'):.2f} | "
+            f"{median('matmul_chain_gflop_per_s'):.0f} | {median('gflop_per_s') / median('matmul_chain_gflop_per_s'):.2f} |",
+            ""]
+
+
 def gpu_section(gpu: dict) -> list[str]:
     m = gpu["machine"]
     out = ["## On a GPU (`benchmark/gpu.py`)", "",
@@ -452,8 +470,9 @@ def save_fig(fig, path: Path):
 
 
 def report(results: Path, md: Path, img: Path) -> Path:
-    names = ("env_throughput", "stages", "e2e", "time_to_solve", "startup", "memory", "conv", "learning", "gpu", "peers")
-    env, stages, e2e, tts, start, mem, conv, learn, gpu, peers = parts = [load(results, n) for n in names]
+    names = ("env_throughput", "stages", "e2e", "time_to_solve", "startup", "memory", "conv", "sac_step", "learning",
+             "gpu", "peers")
+    env, stages, e2e, tts, start, mem, conv, sac, learn, gpu, peers = parts = [load(results, n) for n in names]
     if not any(parts):
         raise SystemExit(f"no results in {results}: run benchmark/run.py first")
     rel = os.path.relpath(img, md.parent)
@@ -480,6 +499,8 @@ def report(results: Path, md: Path, img: Path) -> Path:
         lines += memory_section(mem)
     if conv:
         lines += conv_section(conv)
+    if sac:
+        lines += sac_step_section(sac)
     if learn:
         lines += learning_section(learn, img, rel)
     if gpu:

@@ -322,3 +322,22 @@ def test_time_to_score_median_ranks_a_seed_that_never_scored_slowest():
     assert peers.summarise(runs(18.0, None, None), "preset")["seconds"]["median"] is None
     assert peers.summarise(runs(10.0, 20.0, 30.0, None), "preset")["seconds"]["median"] == 25.0
     assert peers.summarise(runs(10.0, 20.0, None, None), "preset")["seconds"]["median"] is None
+
+
+def test_sac_step_counts_the_matmuls_of_a_step_and_the_report_shows_its_share_of_the_chain(tmp_path):
+    import report
+    import sac_step
+    # HalfCheetah (17 observations, 6 actions), 256-256, minibatch 256. One actor forward: 2 x 256 x (17 x 256 +
+    # 256 x 256 + 256 x 12) = 37,355,520; the twin critics': 2 x 2 x 256 x (23 x 256 + 256 x 256 + 256) = 73,400,320.
+    # A step: 5 actor forwards (target, actor forward and backward = 3, temperature) and 6 twin ones (target,
+    # critics forward and backward = 3, the actor loss's forward and its gradient to the action = 2).
+    assert sac_step.step_flops(17, 6, (256, 256), 256) == 5 * 37_355_520 + 6 * 73_400_320
+    spread = lambda v: {"median": v, "min": v, "max": v, "n": 5}  # noqa: E731
+    machine = {"cpu": "test cpu", "cores": 2, "memory_gib": 1.0, "gpus": [], "python": "3.11", "versions": {},
+               "date": "2026-11-30"}
+    (tmp_path / "sac_step.json").write_text(json.dumps({"machine": machine, "results": {
+        "env_id": "HalfCheetah-v4", "hiddens": [256, 256], "minibatch": 256, "steps_per_program": 128,
+        "step_gflop": 0.627, "gradient_steps_per_s": spread(200.0), "gflop_per_s": spread(125.4),
+        "cores_busy": spread(1.8), "matmul_chain_gflop_per_s": spread(140.0)}}))
+    text = report.report(tmp_path, tmp_path / "RESULTS.md", tmp_path / "img").read_text()
+    assert "| 200 (200–200) | 125 | 1.80 | 140 | 0.90 |" in text
