@@ -16,6 +16,16 @@ from sebulba.networks import make_policy_fn
 from sebulba.threads import ParamsSlot, Stopped, timed_put
 
 EVAL_SEED_OFFSET = 1_000_003  # evaluation pools: an env seed range of their own, far from the training pools'.
+EVAL_SEED_STRIDE = 10_007  # env seeds between the evaluation pools of consecutive --seed values
+
+
+def eval_seed(run_seed: int) -> int:
+    """EnvPool seed of the evaluation pools of the run with --seed `run_seed` (EnvPool seeds their
+    envs eval_seed, eval_seed + 1, ...; the policy's action key too): EVAL_SEED_OFFSET on from the
+    training pools', and EVAL_SEED_STRIDE apart per run seed, so runs with consecutive --seed
+    values evaluate on disjoint env seeds up to that many episodes (with consecutive bases, seeds
+    1 and 2 shared 9 of 10 evaluation start states). Wraps at 2**31 (EnvPool's int seed)."""
+    return (EVAL_SEED_OFFSET + run_seed * EVAL_SEED_STRIDE) % 2**31
 
 
 def run_episodes(envs, policy, params, key, stop=None, record=None, episodic_life: bool = False):

@@ -38,7 +38,7 @@ from sebulba.config import Cluster, ConfigError, RunFlags, Setup, flag, script_f
 from sebulba.rundir import release_run_dirs, run_dir_owner, script_args, script_module, software
 from sebulba.devices import Placement, setup_devices, use_compilation_cache
 from sebulba.envs import env_segments, has_dict_obs, is_atari, make_envs, pool_seed
-from sebulba.evaluation import EVAL_SEED_OFFSET, Evaluator, run_evaluator
+from sebulba.evaluation import Evaluator, eval_seed, run_evaluator
 from sebulba.metrics import Logger
 from sebulba.rollouts import RolloutAssembler, obs_storage
 from sebulba.threads import AnyEvent, ParamsSlot, RunFailed, Stopped, StopSignals, Supervisor, Timer, timed_get
@@ -158,7 +158,7 @@ class Run:
         summary = json.loads(summary_file.read_text()) if summary_file.exists() else {"global_step": meta["global_step"]}
         if self.lead and flags.eval_episodes and "final_eval" not in summary:
             print(f"it has no final evaluation (stopped during it?): python scripts/evaluate.py {self.run_dir} --episodes "
-                  f"{flags.eval_episodes} --seed {flags.seed + EVAL_SEED_OFFSET}{' --greedy' * flags.eval_greedy}")
+                  f"{flags.eval_episodes} --seed {eval_seed(flags.seed)}{' --greedy' * flags.eval_greedy}")
         return summary
 
     def resume(self, state, learner_key):
@@ -205,7 +205,7 @@ class Run:
         flags = self.flags
         if self.lead and flags.eval_episodes:
             self.make_evaluator = lambda: Evaluator(flags.env_id, flags.eval_episodes, agent, spec.action_space,
-                                                    flags.eval_greedy, flags.seed + EVAL_SEED_OFFSET,
+                                                    flags.eval_greedy, eval_seed(flags.seed),
                                                     flags.atari_protocol, flags.episodic_life)
 
     def log_eval(self, metrics: dict[str, float], global_step: int, final: bool = False, late: bool = False):

@@ -26,7 +26,7 @@ from sebulba import evaluation
 from sebulba.checkpoints import Checkpointer
 from sebulba.config import ConfigError, check_wandb_login
 from sebulba.devices import Placement
-from sebulba.evaluation import EVAL_SEED_OFFSET
+from sebulba.evaluation import eval_seed
 from sebulba.rundir import script_module
 from sebulba.threads import ParamsSlot
 
@@ -174,7 +174,7 @@ def test_eval_thread_logs_eval_metrics_and_the_final_evaluation_matches_evaluate
     assert f"eval at update {periodic[0]} (sampled actions): return" in out
     assert "final eval at update 16 (sampled actions): return" in out
     # The final evaluation is scripts/evaluate.py's protocol with the eval pool's seed, recorded in the summary.
-    assert summary["final_eval"]["params_version"] == 16 and summary["final_eval"]["seed"] == 1 + EVAL_SEED_OFFSET
+    assert summary["final_eval"]["params_version"] == 16 and summary["final_eval"]["seed"] == eval_seed(1)
     again = evaluate.main([str(run), "--episodes", "3", "--seed", str(summary["final_eval"]["seed"]), "--json"])
     assert summary["final_eval"]["episodic_return_mean"] == pytest.approx(again["return_mean"])
     assert summary["final_eval"]["episodic_length_mean"] == pytest.approx(again["length_mean"])
@@ -254,3 +254,20 @@ def test_an_evaluation_that_ends_after_the_last_update_is_still_logged(monkeypat
     assert "eval at update 6 (sampled actions): return" in out and "finished after the last update" in out
     events = EventAccumulator(str(run)).Reload()
     assert sorted(int(e.value) for e in events.Scalars("eval/params_version")) == [6, 8]  # periodic, final
+
+
+def test_runs_with_consecutive_seeds_evaluate_on_disjoint_env_seeds_and_start_states():
+    """EnvPool seeds a pool's envs base, base + 1, ...: evaluation bases one apart (the runs'
+    --seed plus an offset) shared all but one env between --seed 1 and 2, so their final
+    evaluations replayed the same start states. Spread, the 100-episode pools of seeds 1 to 5
+    share no env seed, and Pendulum's start angles of seeds 1 and 2 differ everywhere."""
+    ranges = [set(range(eval_seed(s), eval_seed(s) + 100)) for s in range(1, 6)]
+    assert all(not a & b for i, a in enumerate(ranges) for b in ranges[i + 1:])
+    assert eval_seed(0) == evaluation.EVAL_SEED_OFFSET and 0 <= eval_seed(2**40) < 2**31
+    starts = []
+    for seed in (1, 2):
+        pool = envpool.make("Pendulum-v1", env_type="gymnasium", num_envs=10, seed=eval_seed(seed))
+        obs, _ = pool.reset()
+        pool.close()
+        starts.append(np.arctan2(obs[:, 1], obs[:, 0]))
+    assert not np.isclose(starts[0][:, None], starts[1][None, :]).any()

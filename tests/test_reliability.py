@@ -25,7 +25,7 @@ import sebulba.ppo_envpool as ppo
 import sebulba.runtime
 from sebulba.checkpoints import complete_steps
 from sebulba.config import ConfigError
-from sebulba.evaluation import EVAL_SEED_OFFSET
+from sebulba.evaluation import eval_seed
 
 pytestmark = pytest.mark.slow
 
@@ -385,7 +385,7 @@ def test_a_stop_signal_during_the_final_evaluation_keeps_the_run_and_says_how_to
     assert again == json.loads(Path("runs/final/summary.json").read_text())
     out = capsys.readouterr().out
     assert "already finished at update 2" in out
-    assert f"python scripts/evaluate.py runs/final --episodes 10 --seed {1 + EVAL_SEED_OFFSET}" in out
+    assert f"python scripts/evaluate.py runs/final --episodes 10 --seed {eval_seed(1)}" in out
     with pytest.raises(ConfigError, match=r"--norm-obs False \(now True\)"):
         ppo.main(tyro.cli(ppo.Args, args=[*flags, "--norm-obs", "True"]))
 
