@@ -17,7 +17,8 @@ FIRE after a life loss is pressed where training had it pressed; an episode is a
 all the same, its lives summed).
 Taking the first episode of each env does not favour short episodes. Actions are drawn
 from the policy, as in training, or with --greedy are its mode (argmax of the logits; the
-Gaussian mean, clipped to the action bounds). Observations are normalised with the statistics saved in the
+Gaussian mean, clipped to the action bounds); without either flag, as the run's own final
+evaluation did (its --eval-greedy: on for PQN, off for the others). Observations are normalised with the statistics saved in the
 checkpoint when the run used --norm-obs. Prints the mean ±
 standard deviation of the raw (unclipped) return and of the length in env steps (Atari:
 frames = 4x), or a JSON object with --json. --video [PATH] writes the first --video-episodes
@@ -161,8 +162,10 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("run_dir", type=Path, help="runs/<run name> of a training run")
     parser.add_argument("--checkpoint", type=int, default=None, help="update number of the checkpoint; default newest")
     parser.add_argument("--episodes", type=int, default=10, help="episodes (one per env of the pool)")
-    parser.add_argument("--greedy", action="store_true", help="the policy's mode (argmax; Gaussian mean) instead of "
-                        "sampled actions (on Atari a greedy policy can stall a game until the 27k-step limit)")
+    parser.add_argument("--greedy", action=argparse.BooleanOptionalAction, default=None,
+                        help="the policy's mode (argmax; Gaussian mean; PQN: argmax of the Q-values); --no-greedy: "
+                        "sampled actions (PQN: ε-greedy with the run's --end-e; on Atari a greedy policy can stall a game "
+                        "until the 27k-step limit); default: as the run's final evaluation (its --eval-greedy)")
     parser.add_argument("--seed", type=int, default=0, help="env and action seed")
     parser.add_argument("--json", action="store_true", help="print one JSON object instead of a line of text")
     parser.add_argument("--video", type=Path, nargs="?", const=VIDEO_UNDER_RUN, default=None, metavar="PATH",
@@ -182,16 +185,20 @@ def main(argv: list[str] | None = None) -> dict:
         except ImportError:
             parser.error('--video needs imageio and its ffmpeg plugin: pip install -e ".[eval]"')
     module, args, agent, spec, params, update = load(cli.run_dir, cli.checkpoint)
+    if cli.greedy is None:  # as the run's own final evaluation
+        cli.greedy = bool(getattr(args, "eval_greedy", False))
+    policy = "greedy" if cli.greedy else "epsilon-greedy" if getattr(agent, "q_network", False) else "sampled"
     if cli.video == VIDEO_UNDER_RUN:
-        cli.video = cli.run_dir / "videos" / f"update{update}_seed{cli.seed}_{'greedy' if cli.greedy else 'sampled'}.mp4"
+        cli.video = cli.run_dir / "videos" / f"update{update}_seed{cli.seed}_{policy}.mp4"
     result = {"run_dir": str(cli.run_dir), "env_id": args.env_id, "checkpoint": update, "seed": cli.seed,
-              "policy": "greedy" if cli.greedy else "sampled",
+              "policy": policy,
               **evaluate(module, args, agent, spec, params, cli.episodes, cli.seed, cli.greedy, cli.video,
                          cli.video_episodes)}
     if cli.json:
         lines = [json.dumps(result)]
     else:
-        lines = [f"{args.env_id}, checkpoint {update}, {result['policy']} actions, {cli.episodes} episodes: return "
+        shown = f"ε-greedy (ε {agent.eval_epsilon:g})" if policy == "epsilon-greedy" else policy
+        lines = [f"{args.env_id}, checkpoint {update}, {shown} actions, {cli.episodes} episodes: return "
                  f"{result['return_mean']:.1f} ± {result['return_std']:.1f}, length {result['length_mean']:.1f} ± "
                  f"{result['length_std']:.1f} env steps"
                  + (f", success rate {result['success_rate']:.2f}" if has_dict_obs(args.env_id) else "")]  # MiniGrid

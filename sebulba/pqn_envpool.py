@@ -77,6 +77,8 @@ class Args(RunFlags):
 
     exp_name: str = "pqn_envpool"
     """experiment name, part of the default run name"""
+    env_id: str = "Breakout-v5"
+    """EnvPool task id with discrete actions: Atari `*-v5` (the Nature CNN with LayerNorm) or a vector task (the LayerNorm MLP); not Box actions, not MiniGrid/BabyAI"""
     total_timesteps: int = 10_000_000
     """env steps to train for, summed over every env (Atari: frames = 4 x env steps)"""
     local_num_envs: int = 8
@@ -92,7 +94,11 @@ class Args(RunFlags):
     read_mission: tyro.conf.Suppress[bool | None] = None  # MiniGrid's and BabyAI's dictionary observations: not here
     # purejaxql's names (runtime.unknown_flag); a class attribute, not a field, so not a flag.
     flag_hints = {"--eps-start": "--start-e", "--eps-finish": "--end-e", "--eps-decay": "--exploration-fraction",
-                  "--gae-lambda": "--q-lambda", "--lambda": "--q-lambda", "--num-epochs": "--update-epochs"}
+                  "--gae-lambda": "--q-lambda", "--lambda": "--q-lambda", "--num-epochs": "--update-epochs",
+                  "--epsilon": "--start-e, --end-e and --exploration-fraction (the actors' ε schedule)",
+                  "--norm-obs": "nothing: PQN normalises no observation, as its sources (LayerNorm scales the features)",
+                  "--norm-reward": "nothing: PQN trains on the task's rewards (Atari's clipped), as its sources",
+                  "--read-mission": "sebulba/ppo_envpool.py: PQN takes no MiniGrid or BabyAI task"}
 
     learning_rate: float = 2.5e-4
     """RAdam learning rate"""
@@ -141,6 +147,9 @@ def resolve(args: Args, cluster: Cluster = Cluster()) -> Setup:
         if not 0 <= getattr(args, name) <= 1:
             raise ConfigError(f"{config.flag(name)}={getattr(args, name)} must be in [0, 1]")
     check_network(args.env_id, (), args.hiddens, "nature")  # --env-id first
+    if not args.hiddens:
+        raise ConfigError("--hiddens is empty: PQN's Q-network needs at least one LayerNorm layer (CleanRL's: 512 on "
+                          "Atari, 120 84 on vector tasks)")
     spec = make_spec(args.env_id)
     if type(spec.action_space).__name__ != "Discrete":
         raise ConfigError(f"--env-id {args.env_id} has continuous actions ({spec.action_space}); PQN takes the max "

@@ -367,7 +367,7 @@ FLAG_HINTS = {"--num-envs": "--local-num-envs (envs per actor thread)", "--gym-i
               "--cuda": "--actor-device-ids and --learner-device-ids (a GPU is used when JAX has one)",
               "--capture-video": "scripts/evaluate.py RUN_DIR --video", "--save-model": "nothing: checkpoints are always "
               "saved (--checkpoint-interval)", "--total-steps": "--total-timesteps",
-              "--policy-lr": "--learning-rate", "--q-lr": "--learning-rate"}  # SAC's names in the on-policy scripts
+              "--policy-lr": "--learning-rate", "--q-lr": "--learning-rate", "--lr": "--learning-rate"}  # SAC's names in the on-policy scripts
 
 
 def unknown_flag(args_type: type, argv: list[str]) -> str | None:

@@ -103,6 +103,7 @@ class Args(RunFlags):
     # attribute, not a field (no annotation), so not a flag.
     flag_hints = {
         "--learning-rate": "--policy-lr (the actor's) and --q-lr (the critics' and the temperature's)",
+        "--lr": "--policy-lr (the actor's) and --q-lr (the critics' and the temperature's)",
         "--ent-coef": "--alpha (the entropy temperature, with --no-autotune)",
         "--update-epochs": "--replay-ratio (gradient steps per env step)"}
 

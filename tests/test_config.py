@@ -198,7 +198,8 @@ def test_cli_wrong_flag_and_bad_value_exit_nonzero_with_one_clear_line():
     (sac, "--learning-rate", "--policy-lr (the actor's) and --q-lr (the critics' and the temperature's)"),
     (sac, "--learnin-starts", "--learning-starts"), (ppo, "--num-envs", "--local-num-envs (envs per actor thread)"),
     (ppo, "--policy-lr", "--learning-rate"), (impala, "--learning_rte", "--learning-rate"),
-    (pqn, "--eps-finish", "--end-e")])
+    (pqn, "--eps-finish", "--end-e"), (ppo, "--lr", "--learning-rate"),
+    (pqn, "--norm-obs", "nothing: PQN normalises no observation, as its sources (LayerNorm scales the features)")])
 def test_an_unknown_flag_is_one_line_naming_the_flags_meant(module, given, meant):
     code, _, stderr = cli(module, "--env-id", "CartPole-v1", given, "1")
     assert code == 2 and stderr.strip().splitlines() == [

@@ -223,6 +223,7 @@ def test_the_update_trains_on_the_recorded_values_q_lambda_on_every_learner_devi
     (dict(q_lambda=1.5), r"--q-lambda=1.5 must be in \[0, 1\]"),
     (dict(end_e=-0.1), r"--end-e=-0.1 must be in \[0, 1\]"),
     (dict(num_minibatches=3), "do not split into --num-minibatches=3"),
+    (dict(hiddens=()), "--hiddens is empty: PQN's Q-network needs at least one LayerNorm layer"),
 ])
 def test_bad_values_are_refused(change, message):
     with pytest.raises(ConfigError, match=message):
@@ -257,8 +258,13 @@ def test_cartpole_preset_learns_and_evaluate_plays_greedily(capsys):
         events.Tags()["scalars"])
     assert json.loads(Path("runs/cartpole/config.json").read_text())["script"] == "sebulba.pqn_envpool"
     capsys.readouterr()
-    greedy = evaluate.main(["runs/cartpole", "--episodes", "4", "--json", "--greedy"])
-    assert greedy["return_mean"] >= 400, greedy
+    greedy = evaluate.main(["runs/cartpole", "--episodes", "4", "--json"])  # as the run's final evaluation
+    assert greedy["policy"] == "greedy" and greedy["return_mean"] >= 400, greedy
+    explore = evaluate.main(["runs/cartpole", "--episodes", "4", "--json", "--no-greedy"])
+    assert explore["policy"] == "epsilon-greedy"
+    capsys.readouterr()
+    evaluate.main(["runs/cartpole", "--episodes", "2", "--no-greedy"])
+    assert "ε-greedy (ε 0.05) actions, 2 episodes" in capsys.readouterr().out
     assert evaluate.load(Path("runs/cartpole"), None)[0] is pqn
 
 
