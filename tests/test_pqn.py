@@ -7,7 +7,6 @@ two processes)."""
 
 import json
 import signal
-import socket
 import sys
 from pathlib import Path
 
@@ -18,7 +17,8 @@ import pytest
 import tyro
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 from test_learner import make_rollout  # the shared Rollout (sebulba/rollouts.py)
-# The runtime tests' helpers for the script in a child process.
+# The runtime tests' helpers for the script in a child process, and for two processes of one run.
+from test_distributed import finish, free_port
 from test_reliability import LEARNER_FAULT, run_cli, signal_at_update, start_run
 
 import sebulba.pqn_envpool as pqn
@@ -296,18 +296,16 @@ def test_a_stopped_deterministic_run_resumes_into_the_same_run():
 
 @pytest.mark.slow
 def test_two_processes_share_one_learner_mesh():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
     flags = [*SMALL, "--total-timesteps", "5120", "--actor-device-ids", "0", "--learner-device-ids", "1",
-             "--run-name", "two", "--distributed", "--coordinator-address", f"127.0.0.1:{port}", "--num-processes", "2"]
+             "--run-name", "two", "--distributed", "--coordinator-address", f"127.0.0.1:{free_port()}",
+             "--num-processes", "2"]
     procs = [start_run([*flags, "--process-id", str(i)], "pqn_envpool") for i in range(2)]
-    outputs = [(p.communicate(timeout=240)[0], p.returncode) for p in procs]
-    for out, code in outputs:
+    outputs = finish(procs)
+    for code, out in outputs:
         assert code == 0, out[-3000:]
     summary = json.loads(Path("runs/two/summary.json").read_text())
     assert summary["global_step"] == 5120 and summary["updates"] == 10  # 2 processes x 2 threads x 8 envs x 16 steps
-    assert "2 process(es)" in outputs[0][0] and "2 process(es)" not in outputs[1][0]  # process 0 alone reports
+    assert "2 process(es)" in outputs[0][1] and "2 process(es)" not in outputs[1][1]  # process 0 alone reports
 
 
 @pytest.mark.slow

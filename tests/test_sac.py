@@ -6,7 +6,6 @@ resume, --deterministic resume, actors of different speeds)."""
 
 import json
 import signal
-import socket
 import sys
 import time
 from pathlib import Path
@@ -28,7 +27,8 @@ from sebulba.envs import make_envs, recv_batch
 from sebulba.networks import (TanhGaussian, env_action, gaussian, log_prob, make_policy_fn, sample_action,
                               tanh_gaussian_sample)
 from sebulba.rollouts import Rollout, RolloutAssembler
-# The runtime tests' helpers for the script in a child process.
+# The runtime tests' helpers for the script in a child process, and for two processes of one run.
+from test_distributed import finish, free_port
 from test_reliability import LEARNER_FAULT, run_cli, signal_at_update, start_run
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "scripts"))
@@ -279,19 +279,16 @@ def test_a_failing_learner_ends_the_run_with_its_traceback():
 
 @pytest.mark.slow
 def test_two_processes_share_one_learner_mesh_and_its_replay():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
     flags = [*SMALL, "--replay-ratio", "0.25", "--actor-device-ids", "0", "--learner-device-ids", "1",
              "--run-name", "two", "--distributed",
-             "--coordinator-address", f"127.0.0.1:{port}", "--num-processes", "2"]
+             "--coordinator-address", f"127.0.0.1:{free_port()}", "--num-processes", "2"]
     procs = [start_run([*flags, "--process-id", str(i)], "sac_envpool") for i in range(2)]
-    outputs = [(p.communicate(timeout=240)[0], p.returncode) for p in procs]
-    for out, code in outputs:
+    outputs = finish(procs)
+    for code, out in outputs:
         assert code == 0, out[-3000:]
     summary = json.loads(Path("runs/two/summary.json").read_text())
     assert summary["global_step"] == 1600 and summary["gradient_steps"] == (1600 - 256) // 4  # over both processes
-    assert "2 process(es)" in outputs[0][0] and "2 process(es)" not in outputs[1][0]  # process 0 alone reports
+    assert "2 process(es)" in outputs[0][1] and "2 process(es)" not in outputs[1][1]  # process 0 alone reports
     config = json.loads(Path("runs/two/config.json").read_text())
     assert config["derived"]["num_processes"] == 2 and config["derived"]["capacity_per_device"] == 2048
 
