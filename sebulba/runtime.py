@@ -65,6 +65,7 @@ class Run:
     preempt: threading.Event = field(default_factory=threading.Event)  # a stop signal: checkpoint, then end
     eval_results: queue.Queue = field(default_factory=lambda: queue.Queue(maxsize=4))  # eval thread -> learner
     make_evaluator: Any = None  # () -> Evaluator for the final evaluation; None: none on this process
+    explored_name: str = "sampled"  # the evaluation's other policy, without --eval-greedy (a Q-network's: ε-greedy)
     summary: dict = field(default_factory=dict)
     signum: int = 0  # the first stop signal this process received
     stopped_by: int = 0  # the stop signal the learner acted on (agreed over every process)
@@ -203,6 +204,7 @@ class Run:
         """On process 0: the final evaluation (--eval-episodes) and the eval thread
         (--eval-interval, started by `launch`, on a pool of its own)."""
         flags = self.flags
+        self.explored_name = "ε-greedy" if getattr(agent, "q_network", False) else "sampled"
         if self.lead and flags.eval_episodes:
             self.make_evaluator = lambda: Evaluator(flags.env_id, flags.eval_episodes, agent, spec.action_space,
                                                     flags.eval_greedy, eval_seed(flags.seed),
@@ -213,7 +215,7 @@ class Run:
         version = int(metrics["eval/params_version"])
         self.logger.log(metrics | {"eval/global_step": version * self.setup.batch_size}, global_step)
         print(f"{'final eval' if final else 'eval'} at update {version} "
-              f"({'greedy' if self.flags.eval_greedy else 'sampled'} actions): return "
+              f"({'greedy' if self.flags.eval_greedy else self.explored_name} actions): return "
               f"{metrics['eval/episodic_return_mean']:.1f} ± {metrics['eval/episodic_return_std']:.1f}, length "
               f"{metrics['eval/episodic_length_mean']:.1f}"
               + (f", success rate {metrics['eval/success_rate']:.2f}" if has_dict_obs(self.flags.env_id) else "")
