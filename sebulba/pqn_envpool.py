@@ -175,7 +175,7 @@ class QNetwork(nn.Module):
     LayerNorm after every conv and dense layer (CleanRL's pqn_atari_envpool.py), vector
     observations through a LayerNorm MLP (CleanRL's pqn.py), then a linear head (orthogonal
     init, gain sqrt(2), as CleanRL's layer_init). LayerNorm is what keeps TD learning without a
-    target network stable (Gallici et al. 2025, section 4). `obs_moments` is taken and unused
+    target network stable (Gallici et al. 2025). `obs_moments` is taken and unused
     (the shared actors and evaluation pass it; PQN normalises no observation)."""
 
     num_actions: int
@@ -216,7 +216,7 @@ def epsilon_schedule(version, start_e: float, end_e: float, decay_updates: float
 
 
 def q_lambda_targets(rewards, values, terminated, truncated, gamma: float, q_lambda: float):
-    """Peng's Q(λ) targets (Peng & Williams 1996) as PQN computes them (Gallici et al. 2025, eq. 5;
+    """Peng's Q(λ) targets (Peng & Williams 1996) as PQN computes them (Gallici et al. 2025;
     purejaxql's _compute_targets), backward over a rollout, with episode ends.
 
     Transition t goes from s_t to s_{t+1}, earning `rewards[t]`; values[t + 1] = max_a Q(s_{t+1}, a)
