@@ -1,9 +1,10 @@
-"""Ours beside the PPO a user would pick instead, on the same box in one sitting: CleanRL,
-Stable-Baselines3 (through RL Baselines3 Zoo) and Sample Factory, each installed from PyPI and
-run as its users run it.
+"""Ours beside the PPO and SAC a user would pick instead, on the same box in one sitting: CleanRL,
+Stable-Baselines3 (through RL Baselines3 Zoo) and Sample Factory (PPO only), each installed from PyPI
+and run as its users run it.
 
     python benchmark/peers.py --setup        # once: .venv-peers/ for CleanRL and Sample Factory
-    python benchmark/peers.py                # both tasks, both measurements (about 1 h on 2 cores)
+    python benchmark/peers.py                # every task and measurement (about 2 h on 2 cores)
+    python benchmark/peers.py --tasks Hopper-v4/SAC   # SAC alone (about 50 min on 2 cores)
     python benchmark/peers.py --tasks CartPole-v1 --systems sb3   # re-measure some, keep the rest
     python benchmark/peers.py --systems ours # ours alone, merged beside the peers' recorded runs
 
@@ -12,9 +13,12 @@ Where each peer comes from: Stable-Baselines3 and RL Baselines3 Zoo install besi
 CleanRL and Sample Factory pin older gym/gymnasium releases than this project's, so they get a
 virtual environment of their own, .venv-peers/ (`--setup`: torch, sample-factory[mujoco] 2.1.1
 with gymnasium 0.29, and the cleanrl 1.2.0 wheel, which pins gym 0.23.1 and declares Python
-< 3.11 although its scripts run on 3.11: installed with --no-deps --ignore-requires-python).
+< 3.11 although its scripts run on 3.11: installed with --no-deps --ignore-requires-python, with
+the stable-baselines3 1.2.0 it pins for its SAC's replay buffer). CleanRL 1.2.0's SAC is a gym-era
+script whose gym has no MuJoCo v4 tasks: benchmark/gym_mujoco_v4.py registers gymnasium's there and
+runs the script unchanged.
 
-Two measurements per task (CartPole-v1, Hopper-v4):
+Two measurements per PPO task (CartPole-v1, Hopper-v4):
 * equal work: every system runs BUDGET env steps of the same PPO (the hyperparameters of
   `EQUAL`: ours from README's preset, the peers' flags set to the same numbers wherever they can
   express them). Recorded: the wall clock of the whole process, launch to exit, and env steps/s
@@ -26,10 +30,17 @@ Two measurements per task (CartPole-v1, Hopper-v4):
   user waits: imports, compilation, every env step), the env steps by then, and the curve.
 
 A peer's progress is read from what it prints, as its users read it: ours' console line; CleanRL's
-`global_step=..., episodic_return=...` per game; the Zoo's SB3 table (`ep_rew_mean`, its
+`global_step=..., episodic_return=...` per game (PPO and SAC); the Zoo's SB3 table (`ep_rew_mean`, its
 `stats_window_size` set to WINDOW; its periodic evaluation off, as ours'); Sample Factory's `Avg episode reward` (its `--stats_avg` set
 to WINDOW; printed every 5 s, so its times to score are late by up to 5 s). Neither setting
-changes what is learned. Writes benchmark/results/peers.json, merged with the runs already there
+changes what is learned.
+
+SAC (Hopper-v4/SAC): equal work only, SAC_BUDGET env steps of CleanRL's sac_continuous_action.py
+hyperparameters (`SAC_EQUAL`, ours' defaults) in ours, CleanRL and the Zoo's Hopper-v4 preset with
+the same numbers wherever SB3 can express them. Recorded beside the wall clock: gradient steps/s
+over the learning phase (the env steps between the first and the last point of the curve past
+learning_starts over the seconds between them: one gradient step per env step in all three) and the
+return at the end. Writes benchmark/results/peers.json, merged with the runs already there
 per task and system; `benchmark/report.py` turns it into RESULTS.md's tables and the plots.
 """
 
@@ -63,8 +74,10 @@ PEERS_VENV = ROOT / ".venv-peers"
 PEERS_PYTHON = PEERS_VENV / "bin" / "python"
 # .venv-peers/: what --setup installs (torch from this box's disk where it lies there).
 VENV_REQUIREMENTS = ["torch>=2.8,<2.14", "sample-factory[mujoco]==2.1.1", "gymnasium[mujoco]==0.29.1", "gym==0.23.1",
-                     "pygame>=2.1,<3"]
-VENV_NO_DEPS = ["cleanrl==1.2.0"]  # its own pins (gym 0.23.1, Python < 3.11) are met above or too strict
+                     "pygame>=2.1,<3", "pandas<3", "matplotlib<4"]  # the last two: stable-baselines3 1.2.0's imports
+# cleanrl's own pins (gym 0.23.1, Python < 3.11) are met above or too strict; stable-baselines3 1.2.0 (its pin, for
+# the SAC script's replay buffer) asks for gym 0.21's API, which 0.23.1 keeps where the buffer uses it.
+VENV_NO_DEPS = ["cleanrl==1.2.0", "stable-baselines3==1.2.0"]
 
 # The same PPO in every system's words. CartPole: README's preset (RL Zoo's tuned CartPole-v1 PPO,
 # which ours took: 8 envs x 32 steps, one 256-sample minibatch x 20 epochs, lr 1e-3 annealed to 0,
@@ -89,6 +102,18 @@ SF_PRESET = {"CartPole-v1": ["--algo=APPO", "--use_rnn=False", "--num_envs_per_w
              "Hopper-v4": []}
 CLEANRL_SCRIPTS = {"CartPole-v1": "cleanrl.ppo", "Hopper-v4": "cleanrl.ppo_continuous_action"}
 
+# SAC at equal work: CleanRL sac_continuous_action.py's hyperparameters (ours' defaults): 1 gradient step per
+# env step after 5,000 uniformly random ones, batch 256, replay 1M, gamma 0.99, tau 0.005, Adam at 3e-4 (actor)
+# and 1e-3 (critics, temperature), 2 actor and temperature steps every 2nd step, autotuned temperature
+# (target entropy -|A|), 256-256 ReLU networks. Ours runs its default 8 envs x 16 steps (CleanRL one env).
+# SB3 cannot express two of them: one learning rate for all three optimisers (3e-4, its default) and the actor
+# updated every step; its log-std is clipped to [-20, 2] where CleanRL's and ours are squashed into [-5, 2].
+SAC_BUDGET = 50_000
+SAC_TASKS = {"Hopper-v4/SAC": "Hopper-v4"}
+SAC_EQUAL = dict(learning_starts=5000, batch_size=256, buffer_size=1_000_000, gamma=0.99, tau=0.005, policy_lr=3e-4,
+                 q_lr=1e-3, policy_frequency=2, target_network_frequency=1, autotune=True, hiddens=[256, 256])
+TASKS = [*TARGETS, *SAC_TASKS]
+
 
 def with_value(flags: list[str], name: str, value) -> list[str]:
     """`flags` with `name`'s value replaced by `value`."""
@@ -104,6 +129,8 @@ def command(system: str, task: str, mode: str, seed: int, directory: Path) -> li
     Raises:
       ValueError: an unknown system.
     """
+    if task in SAC_TASKS:
+        return sac_command(system, SAC_TASKS[task], seed, directory)
     h = EQUAL[task]
     equal = mode == "equal"
     if system == "ours":
@@ -155,6 +182,47 @@ def command(system: str, task: str, mode: str, seed: int, directory: Path) -> li
                 "--use_rnn=False", f"--normalize_input={h['normalize']}", f"--normalize_returns={h['normalize']}"]
         return out
     raise ValueError(f"unknown system {system}: use one of {', '.join(SYSTEMS)}")
+
+
+def sac_command(system: str, env_id: str, seed: int, directory: Path) -> list[str]:
+    """The command line `system` runs for SAC on `env_id` at equal work (SAC_EQUAL, SAC_BUDGET env steps).
+
+    Raises:
+      ValueError: a system without SAC.
+    """
+    h = SAC_EQUAL
+    if system == "ours":  # its defaults are SAC_EQUAL
+        return [sys.executable, str(ROOT / "sebulba" / "sac_envpool.py"), "--env-id", env_id, "--total-timesteps",
+                str(SAC_BUDGET), "--seed", str(seed), "--log-frequency", "1", "--eval-episodes", "0",
+                "--run-name", "peers"]
+    if system == "cleanrl":
+        out = [str(PEERS_PYTHON), str(ROOT / "benchmark" / "gym_mujoco_v4.py"), "cleanrl.sac_continuous_action",
+               "--env-id", env_id, "--seed", seed, "--cuda", "False", "--total-timesteps", SAC_BUDGET,
+               "--buffer-size", h["buffer_size"], "--gamma", h["gamma"], "--tau", h["tau"],
+               "--batch-size", h["batch_size"], "--learning-starts", h["learning_starts"],
+               "--policy-lr", h["policy_lr"], "--q-lr", h["q_lr"], "--policy-frequency", h["policy_frequency"],
+               "--target-network-frequency", h["target_network_frequency"], "--autotune", h["autotune"]]
+        return [str(x) for x in out]
+    if system == "sb3":  # the Zoo's preset for the task, with SAC_EQUAL's numbers where SB3 has them
+        return [sys.executable, "-m", "rl_zoo3.train", "--algo", "sac", "--env", env_id, "-n", str(SAC_BUDGET),
+                "--seed", str(seed), "--log-folder", str(directory / "logs"), "--device", "cpu", "--vec-env", "dummy",
+                "--eval-freq", "-1", "--hyperparams", f"stats_window_size:{WINDOW}",
+                f"learning_starts:{h['learning_starts']}", f"batch_size:{h['batch_size']}",
+                f"buffer_size:{h['buffer_size']}", f"gamma:{h['gamma']}", f"tau:{h['tau']}",
+                f"learning_rate:{h['policy_lr']}", "train_freq:1", "gradient_steps:1",
+                f"target_update_interval:{h['target_network_frequency']}", "ent_coef:'auto'",
+                "policy_kwargs:dict(net_arch=[" + ",".join(map(str, h["hiddens"])) + "])"]
+    raise ValueError(f"no SAC in {system}: use ours, cleanrl or sb3")
+
+
+def learning_rate(curve: list[tuple[float, int, float]], starts: int) -> float | None:
+    """Gradient steps/s over the learning phase at one gradient step per env step: the env steps
+    between the first and the last curve point (seconds, env steps, return) past `starts`, over the
+    seconds between them; None with fewer than two such points."""
+    past = [(t, s) for t, s, _ in curve if s > starts]
+    if len(past) < 2 or past[-1][0] <= past[0][0]:
+        return None
+    return (past[-1][1] - past[0][1]) / (past[-1][0] - past[0][0])
 
 
 # What each system prints. Ours: the console line; CleanRL: a line per finished game; the Zoo: SB3's
@@ -251,21 +319,26 @@ def run_one(system: str, task: str, mode: str, seed: int) -> dict:
     with tempfile.TemporaryDirectory() as tmp:
         argv = command(system, task, mode, seed, Path(tmp))
         target = TARGETS[task] if mode == "preset" else None
-        result = launch(argv, system, Path(tmp), target, CAPS[task] if mode == "preset" else 3 * CAPS[task])
+        cap = CAPS[task] if mode == "preset" else 3600.0 if task in SAC_TASKS else 3 * CAPS[task]
+        result = launch(argv, system, Path(tmp), target, cap)
     # Paths relative to the checkout; the report writes this interpreter's absolute path as `python`.
     result["command"] = " ".join(a.replace(str(ROOT), ".").replace(tmp, "$TMP") for a in argv)
     result["seed"] = seed
     if mode == "equal":
         if result["code"] != 0:
             raise RuntimeError(f"{system} {task} exited {result['code']}:\n{result['tail']}")
-        result["env_steps"] = result["env_steps"] or BUDGET  # the others stop at the budget exactly
+        result["env_steps"] = result["env_steps"] or (SAC_BUDGET if task in SAC_TASKS else BUDGET)  # exactly
         result["sps"] = round(result["env_steps"] / result["wall_s"], 1)
+        if task in SAC_TASKS:
+            rate = learning_rate(result["curve"], SAC_EQUAL["learning_starts"])
+            result["grad_steps_per_s"] = None if rate is None else round(rate, 1)
     return result
 
 
 def summarise(runs: list[dict], mode: str) -> dict:
     if mode == "equal":
         return {"wall_s": spread([r["wall_s"] for r in runs]), "sps": spread([r["sps"] for r in runs]),
+                "grad_steps_per_s": spread([r.get("grad_steps_per_s") for r in runs]),
                 "final_return": spread([r["final_return"] for r in runs])}
 
     def over_seeds(values: list) -> dict:
@@ -285,8 +358,12 @@ def run(tasks: list[str], systems: list[str], modes: list[str], seeds: list[int]
     results = saved
     for task in tasks:
         for mode in modes:
+            if task in SAC_TASKS and mode != "equal":
+                continue
             entry = results.setdefault(task, {}).setdefault(mode, {})
             for system in systems:
+                if task in SAC_TASKS and system == "sample_factory":
+                    continue
                 runs, error = [], None
                 for seed in seeds:
                     try:
@@ -296,12 +373,14 @@ def run(tasks: list[str], systems: list[str], modes: list[str], seeds: list[int]
                         print(f"{task} {mode} {system} seed {seed}: FAILED\n{error}", flush=True)
                         break
                     r = runs[-1]
-                    said = (f"{r['wall_s']:.0f} s, {r['sps']:,.0f} env steps/s, return {r['final_return']}"
+                    said = (f"{r['wall_s']:.0f} s, {r['sps']:,.0f} env steps/s, "
+                            f"{r.get('grad_steps_per_s')} gradient steps/s, return {r['final_return']}"
                             if mode == "equal" else
                             f"{r['seconds']:.0f} s to {TARGETS[task]:g} ({r['global_step']:,} env steps)"
                             if r["seconds"] is not None else f"not reached in {r['wall_s']:.0f} s")
                     print(f"{task} {mode} {system} seed {seed}: {said}", flush=True)
-                entry[system] = {"name": NAMES[system], "runs": runs, "error": error, **summarise(runs, mode)}
+                name = "sac_envpool.py (ours)" if task in SAC_TASKS and system == "ours" else NAMES[system]
+                entry[system] = {"name": name, "runs": runs, "error": error, **summarise(runs, mode)}
                 save(results, path)
     return results
 
@@ -309,7 +388,8 @@ def run(tasks: list[str], systems: list[str], modes: list[str], seeds: list[int]
 def save(results: dict, path: Path):
     path.parent.mkdir(parents=True, exist_ok=True)
     data = {"machine": machine(), "budget": BUDGET, "targets": TARGETS, "caps": CAPS, "window": WINDOW,
-            "equal": EQUAL, "peer_versions": peer_versions(), "results": results}
+            "equal": EQUAL, "sac_budget": SAC_BUDGET, "sac_equal": SAC_EQUAL, "peer_versions": peer_versions(),
+            "results": results}
     path.write_text(json.dumps(data, separators=(",", ":")))
 
 
@@ -324,7 +404,7 @@ def peer_versions() -> dict:
             here[package] = None
     venv = {}
     if PEERS_PYTHON.exists():
-        probe = ("import json, importlib.metadata as m\nout = {}\nfor p in ('cleanrl', 'sample-factory', 'torch', "
+        probe = ("import json, importlib.metadata as m\nout = {}\nfor p in ('cleanrl', 'sample-factory', 'stable-baselines3', 'torch', "
                  "'gymnasium', 'gym', 'mujoco'):\n    try: out[p] = m.version(p)\n    except Exception: out[p] = None\n"
                  "print(json.dumps(out))")
         venv = json.loads(subprocess.run([str(PEERS_PYTHON), "-c", probe], capture_output=True, text=True,
@@ -356,7 +436,9 @@ def peers_section(data: dict, img: Path, rel: str, save_fig) -> list[str]:
     results = data["results"]
     for task, modes in results.items():
         equal = modes.get("equal", {})
-        if equal:
+        if equal and task in SAC_TASKS:
+            out += sac_table(task, equal, data, fmt)
+        elif equal:
             ours = equal.get("ours", {}).get("sps", {}).get("median")
             out += [f"### Equal work, {task}: {data['budget']:,} env steps of the same PPO", "",
                     f"Hyperparameters: {', '.join(f'{k} {v}' for k, v in data['equal'][task].items())}. Target: ours "
@@ -403,6 +485,32 @@ def peers_section(data: dict, img: Path, rel: str, save_fig) -> list[str]:
     return out
 
 
+def sac_table(task: str, equal: dict, data: dict, fmt) -> list[str]:
+    """RESULTS.md's table of a SAC task's equal-work runs (gradient steps/s, wall clock, the return)."""
+    ours = equal.get("ours", {}).get("grad_steps_per_s", {}).get("median")
+    out = [f"### Equal work, {task}: {data['sac_budget']:,} env steps of the same SAC", "",
+           f"Hyperparameters (CleanRL sac_continuous_action.py's): "
+           f"{', '.join(f'{k} {v}' for k, v in data['sac_equal'].items())}; ours over its default 8 envs x 16 "
+           "steps, CleanRL over one env; Stable-Baselines3 (the Zoo's Hopper-v4 preset with these numbers) "
+           "cannot express two of them: one learning rate (3e-4) for the critics and the temperature too, and the "
+           "actor updated every step instead of twice every 2nd. Gradient steps/s: over the learning phase (from "
+           "the first to the last logged point past learning_starts). Return: the mean of the last "
+           f"{data['window']} training games at the end. Target: ours at 3x each peer's gradient steps/s or more, "
+           "the same return within noise.", "",
+           "| system | seeds | wall clock (s) | gradient steps/s | ours ÷ theirs | return at the end |",
+           "| --- | --- | --- | --- | --- | --- |"]
+    for system, r in equal.items():
+        if r.get("error") and not r["runs"]:
+            out.append(f"| {r['name']} | failed: {r['error'].splitlines()[-1][:120]} | | | | |")
+            continue
+        theirs = (r.get("grad_steps_per_s") or {}).get("median")
+        ratio = ("" if system == "ours" or not ours or not theirs else
+                 f"{ours / theirs:.1f}× ({'met' if ours >= 3 * theirs else 'missed'})")
+        out.append(f"| {r['name']} | {len(r['runs'])} | {fmt(r['wall_s'])} | {fmt(r.get('grad_steps_per_s') or {})} "
+                   f"| {ratio} | {fmt(r['final_return'])} |")
+    return [*out, ""]
+
+
 def setup():
     """Create .venv-peers/ with CleanRL and Sample Factory (see the module docstring)."""
     subprocess.run([sys.executable, "-m", "venv", str(PEERS_VENV)], check=True)
@@ -427,7 +535,7 @@ def missing(systems: list[str]) -> list[str]:
 if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--setup", action="store_true", help="create .venv-peers/ (CleanRL, Sample Factory) and exit")
-    parser.add_argument("--tasks", nargs="+", choices=list(TARGETS), default=list(TARGETS))
+    parser.add_argument("--tasks", nargs="+", choices=TASKS, default=TASKS)
     parser.add_argument("--systems", nargs="+", choices=SYSTEMS, default=list(SYSTEMS))
     parser.add_argument("--modes", nargs="+", choices=("equal", "preset"), default=["equal", "preset"])
     parser.add_argument("--seeds", type=int, default=3, help="seeds 1..N per system")

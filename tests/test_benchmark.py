@@ -311,6 +311,44 @@ def test_peers_report_compares_each_peer_with_ours(tmp_path):
     assert {p.name for p in (tmp_path / "img").iterdir()} == {"peers_cartpole.png"}
 
 
+def test_sac_peers_run_cleanrls_hyperparameters_and_the_report_compares_gradient_steps(tmp_path):
+    """SAC at equal work: CleanRL sac_continuous_action.py's numbers in every system's flags (ours by its
+    defaults), gradient steps/s over the learning phase only, and a table of their ratio."""
+    import peers
+
+    def value(argv, flag):
+        return argv[argv.index(flag) + 1]
+
+    ours = peers.command("ours", "Hopper-v4/SAC", "equal", 2, tmp_path)
+    assert ours[1].endswith("sac_envpool.py") and value(ours, "--total-timesteps") == str(peers.SAC_BUDGET)
+    cleanrl = peers.command("cleanrl", "Hopper-v4/SAC", "equal", 2, tmp_path)
+    assert cleanrl[1].endswith("gym_mujoco_v4.py") and cleanrl[2] == "cleanrl.sac_continuous_action"
+    assert [value(cleanrl, f) for f in ("--env-id", "--seed", "--total-timesteps", "--learning-starts", "--q-lr",
+                                        "--policy-frequency")] == ["Hopper-v4", "2", "50000", "5000", "0.001", "2"]
+    sb3 = peers.command("sb3", "Hopper-v4/SAC", "equal", 2, tmp_path)
+    assert value(sb3, "--algo") == "sac" and value(sb3, "-n") == "50000"
+    assert {"learning_starts:5000", "batch_size:256", "learning_rate:0.0003", "train_freq:1", "gradient_steps:1",
+            "policy_kwargs:dict(net_arch=[256,256])"} <= set(sb3)
+    with pytest.raises(ValueError, match="no SAC in sample_factory"):
+        peers.command("sample_factory", "Hopper-v4/SAC", "equal", 1, tmp_path)
+    # The random phase (up to 5,000 env steps, no gradient steps) is left out: 4,000 env steps in 20 s after it.
+    curve = [(5.0, 1000, 0.0), (6.0, 4800, 0.0), (10.0, 6000, 0.0), (20.0, 8000, 0.0), (30.0, 10000, 0.0)]
+    assert peers.learning_rate(curve, 5000) == 200.0
+    assert peers.learning_rate(curve[:3], 5000) is None
+
+    s = lambda v: common.spread([v])  # noqa: E731
+    entry = lambda name, rate, ret: {"name": name, "runs": [{}], "error": None, "wall_s": s(300.0),  # noqa: E731
+                                     "sps": s(166.7), "grad_steps_per_s": s(rate), "final_return": s(ret)}
+    data = {"window": 20, "sac_budget": peers.SAC_BUDGET, "sac_equal": peers.SAC_EQUAL}
+    text = "\n".join(peers.sac_table("Hopper-v4/SAC", {"ours": entry("ours", 210.0, 900.0),
+                                                         "cleanrl": entry("CleanRL", 60.0, 1000.0),
+                                                         "sb3": entry("SB3", 100.0, 950.0)}, data,
+                                      lambda x: "n/a" if x.get("median") is None else f"{x['median']:,.0f}"))
+    assert "### Equal work, Hopper-v4/SAC: 50,000 env steps of the same SAC" in text
+    assert "| CleanRL | 1 | 300 | 60 | 3.5× (met) | 1,000 |" in text
+    assert "| SB3 | 1 | 300 | 100 | 2.1× (missed) | 950 |" in text
+
+
 def test_time_to_score_median_ranks_a_seed_that_never_scored_slowest():
     import peers
 
