@@ -359,7 +359,8 @@ def learning_section(learn: dict, img: Path, rel: str) -> list[str]:
             steps = [g for g, _ in keep]
             for c in curves:  # each seed thin: a mean over seeds that split (some learn, some do not) hides it
                 ax.plot([s for s, _ in c], [v for _, v in c], color="C0", lw=0.5, alpha=0.5)
-            ax.plot(steps, means, color="C0", label=f"ours ({len(curves)} seeds: mean ± std, each seed thin)")
+            ax.plot(steps, means, color="C0", label=f"ours ({len(curves)} seed{'s' if len(curves) > 1 else ''}: "
+                    f"{'mean ± std, each seed thin' if len(curves) > 1 else 'its curve'})")
             ax.fill_between(steps, [m - s for m, s in zip(means, stds)], [m + s for m, s in zip(means, stds)],
                             color="C0", alpha=0.25)
         ppo = learn["results"].get(name.replace("/SAC/", "/PPO/"))  # SAC's rows: PPO's curve on the same axes
