@@ -53,6 +53,12 @@ IMPALA_CARTPOLE = ["--env-id", "CartPole-v1", "--total-timesteps", "320000", "--
 # e2e.py is then the policy-lag bound (e2e.py sweeps smaller batches separately).
 PPO_BREAKOUT = ["--env-id", "Breakout-v5", "--num-actor-threads", "1", "--local-num-envs", "12",
                 "--async-batch-size", "12", "--num-steps", "32", "--num-minibatches", "4", "--update-epochs", "4"]
+# CleanRL's ppo_atari_envpool.py sizes (the learning benchmark's Breakout row): its protocol, the Nature CNN, 8 envs x
+# 128 steps, 4 minibatches x 4 epochs; the whole pool per `recv`.
+PPO_BREAKOUT_CLEANRL = ["--env-id", "Breakout-v5", "--atari-protocol", "cleanrl", "--atari-encoder", "nature",
+                        "--hiddens", "512", "--num-actor-threads", "1", "--local-num-envs", "8", "--async-batch-size", "8",
+                        "--num-steps", "128", "--num-minibatches", "4", "--update-epochs", "4", "--learning-rate",
+                        "2.5e-4", "--clip-coef", "0.1", "--ent-coef", "0.01"]
 # CartPole for throughput: one thread x 48 envs, 32 steps, MLP 64-64, PPO's 4 minibatches x 4
 # epochs: 1,536 env steps per update, divisible over 1, 2 or 3 learner devices.
 PPO_CARTPOLE_THROUGHPUT = ["--env-id", "CartPole-v1", "--num-actor-threads", "1", "--local-num-envs", "48",
@@ -66,6 +72,9 @@ TASKS = {
                     "quick": True},
     "Breakout-v5": {"flags": PPO_BREAKOUT, "layouts": {k: LAYOUTS[k] for k in ("a0-l0", "a0-l1,2,3")},
                     "main_layout": "a0-l1,2,3", "updates": 3, "quick": False},
+    # PPO alone (no IMPALA or PPO-LSTM rows beside it): one process on 2 cores, the learning row's layout.
+    "Breakout-v5 (CleanRL's sizes)": {"flags": PPO_BREAKOUT_CLEANRL, "layouts": {"a0-l0": LAYOUTS["a0-l0"]},
+                                      "main_layout": "a0-l0", "updates": 8, "quick": False, "ppo_only": True},
 }
 PPO_ONLY_FLAGS = ("--num-minibatches", "--update-epochs")  # dropped from a task's flags for the IMPALA script
 

@@ -121,7 +121,7 @@ def configurations(quick: bool, recurrent: bool = False) -> list[dict]:
             continue
         for layout in (["a0-l0"] if quick else spec["layouts"]):
             configs += [configuration(task, layout, "async"), configuration(task, layout, "sync")]
-        if quick:
+        if quick or spec.get("ppo_only"):
             continue
         main = spec["main_layout"]
         configs += [configuration(task, main, "async", algo="IMPALA"), configuration(task, main, "async", algo="PPO-LSTM")]

@@ -30,6 +30,7 @@ Writes benchmark/results/stages.json (or under --out).
 from __future__ import annotations
 
 import dataclasses
+import json
 import os
 import queue
 import sys
@@ -73,7 +74,8 @@ def timed(fn, seconds: float, min_calls: int = 1) -> tuple[float, float, int]:
 
 
 def env_stage(args: ppo.Args, setup: ppo.Setup, seconds: float) -> tuple[float, float]:
-    envs = make_envs(args.env_id, args.local_num_envs, setup.async_batch_size, seed=0, num_threads=setup.num_env_threads)
+    envs = make_envs(args.env_id, args.local_num_envs, setup.async_batch_size, seed=0, num_threads=setup.num_env_threads,
+                     protocol=args.atari_protocol, episodic_life=args.episodic_life)
     rng, n = np.random.default_rng(0), envs.action_space.n
     envs.async_reset()
 
@@ -104,7 +106,8 @@ def actor_stage(args: ppo.Args, setup: ppo.Setup, seconds: float) -> float:
 
     def actor(num_rollouts: int, stop: threading.Event, seed: int) -> RolloutAssembler:
         envs = make_envs(args.env_id, args.local_num_envs, setup.async_batch_size, seed=seed,
-                         num_threads=setup.num_env_threads)
+                         num_threads=setup.num_env_threads, protocol=args.atari_protocol,
+                         episodic_life=args.episodic_life)
         assembler = RolloutAssembler(args.local_num_envs, args.num_steps, obs_space.shape, obs_space.dtype,
                                      is_atari(args.env_id), False)
         try:
@@ -240,11 +243,11 @@ def efficiency_sweep(flags: list[str], reps: int, seconds: float) -> list[dict]:
     return rows
 
 
-def run(quick: bool, reps: int, seconds: float) -> dict:
+def run(quick: bool, reps: int, seconds: float, only: str | None = None) -> dict:
     results = {}
     cores = os.cpu_count() or 1
     for task, spec in TASKS.items():
-        if quick and not spec["quick"]:
+        if (quick and not spec["quick"]) or only not in (None, task):
             continue
         args, setup = task_args(spec["flags"])
         runs = {"raw_env_sps": [], "env_cpu_s_per_step": [], "actor_sps": [], "inference_cpu_s_per_step": [],
@@ -288,8 +291,15 @@ if __name__ == "__main__":
     parser = cli_parser(__doc__, "stages", "CartPole-v1, a0-l0, 1 repetition of 0.5 s windows")
     parser.add_argument("--reps", type=int, default=3, help="repetitions per measurement (median reported)")
     parser.add_argument("--seconds", type=float, default=3.0, help="measurement window per repetition")
+    parser.add_argument("--task", choices=list(TASKS), help="only this task, merged into the existing stages.json")
     cli = parser.parse_args()
     reps, seconds = (1, 0.5) if cli.quick else (cli.reps, cli.seconds)
-    results = run(cli.quick, reps, seconds)
+    results = run(cli.quick, reps, seconds, cli.task)
+    previous = cli.out / "stages.json"
+    if cli.task and previous.exists():  # the other tasks as they were measured, each with its commit and CPU
+        kept = json.loads(previous.read_text())
+        if (kept.get("quick"), kept.get("reps"), kept.get("seconds")) == (cli.quick, reps, seconds):
+            here = {k: kept["machine"].get(k) for k in ("commit", "cpu")}
+            results = {**{t: {**here, **r} for t, r in kept["tasks"].items()}, **results}
     print("written:", save("stages", {"quick": cli.quick, "reps": reps, "seconds": seconds, "cores": os.cpu_count(),
                                       "tasks": results}, cli.out))

@@ -57,7 +57,12 @@ def test_report_renders_tables_targets_and_plots(tmp_path):
         "CartPole-v1": {"flags": ["--local-num-envs", "48"], "recv_batch": 24, "learning_cpu_s_per_step":
                         {"a0-l0": [30e-6]}, "work_conserving_limit_sps": {"a0-l0": 40_000.0},
                         "summary": {"raw_env_sps": s(2e5), "actor_sps": s(1e5), "actor_efficiency": s(0.5),
-                                    "env_cpu_s_per_step": s(7e-6), "inference_cpu_s_per_step": s(12e-6)}}}}))
+                                    "env_cpu_s_per_step": s(7e-6), "inference_cpu_s_per_step": s(12e-6)}},
+        "Breakout-v5 (CleanRL's sizes)": {  # merged by `stages.py --task` from another sitting
+            "flags": ["--local-num-envs", "8"], "recv_batch": 8, "learning_cpu_s_per_step": {"a0-l0": [7e-3]},
+            "work_conserving_limit_sps": {"a0-l0": 280.0}, "commit": "abc1234", "cpu": "other cpu",
+            "summary": {"raw_env_sps": s(2e3), "actor_sps": s(1e3), "actor_efficiency": s(0.5),
+                        "env_cpu_s_per_step": s(3e-4), "inference_cpu_s_per_step": s(4e-4)}}}}))
     row = dict(algo="PPO", task="CartPole-v1", layout="a0-l0", sweep="", updates_per_s=s(10),
                time_to_first_update_s=s(9), cpu_per_core=[90, 80], peak_rss_mib=s(600), cpu_series=[(0.5, 50.0)])
     (tmp_path / "e2e.json").write_text(json.dumps({"machine": machine, "reps": 1, "rows": [
@@ -66,7 +71,9 @@ def test_report_renders_tables_targets_and_plots(tmp_path):
          "commit": "abc1234", "cpu": "other cpu"},  # re-measured on another box and merged
         {**row, "algo": "SAC", "task": "Hopper-v4", "mode": "async", "sweep": ", replay ratio 0.1", "replay_ratio": 0.1,
          "sps": s(2_000), "update_gradient_steps_per_s": s(150), "actor_waiting_share": s(0.05),
-         "learner_waiting_share": s(0.6), "commit": "abc1234"}]}))
+         "learner_waiting_share": s(0.6), "commit": "abc1234"},
+        {**row, "task": "Breakout-v5 (CleanRL's sizes)", "mode": "async", "sps": s(238), "commit": "abc1234",
+         "cpu": "other cpu"}]}))
     (tmp_path / "startup.json").write_text(json.dumps({"machine": {**machine, "cpu": "other cpu", "commit": "def5678"},
                                                        "updates": 3, "results": {"PPO": {
         "runs": [{"cache_entries": 59}], "first_s": s(5.9), "second_s": s(2.9)}}}))
@@ -74,6 +81,9 @@ def test_report_renders_tables_targets_and_plots(tmp_path):
     text = md.read_text()
     assert "| end-to-end ÷ limit, PPO CartPole-v1 a0-l0 | 0.75 | ≥ 0.85 | missed |" in text
     assert "| async ÷ sync, PPO CartPole-v1 a0-l0 | 2.00 | ≥ 1.5 | met |" in text
+    assert "| end-to-end ÷ limit, PPO Breakout-v5 (CleanRL's sizes) a0-l0 | 0.85 | ≥ 0.8 | met |" in text
+    assert "| Breakout-v5 (CleanRL's sizes) a0-l0 steady env steps/s, PPO | 238 | ≥ 400 | missed |" in text
+    assert "Kept from an earlier sitting on another CPU: Breakout-v5 (CleanRL's sizes) (stages at abc1234" in text
     assert "| actor efficiency, CartPole-v1 | 0.50 | ≥ 0.85 | missed |" in text
     assert "| CartPole-v1 | a0-l0 | async | 0.40 | 2.00 |" in text  # PPO-LSTM ÷ PPO
     assert "| 600 (600–600) | abc1234, on other cpu |" in text  # each e2e row names its code, and its CPU if not the file's
@@ -135,6 +145,9 @@ def test_learning_targets_and_report(tmp_path):
     assert learning.met(reaches, [run(300.0, curve=dip), run(500.0)], None)  # reached, whatever came after
     assert not learning.met(reaches, [run(500.0), run(474.0, curve=((1000, 474.9), (2000, None)))], None)
     assert not learning.met("mean ≥ 480", [run(None)], None)  # a run without a finished game fails
+    hopper = learning.TASKS["Hopper-v4/SAC/300k"][4]  # the mean over seeds at 300k env steps
+    assert learning.met(hopper, [run(2500.0), run(1500.0), run(2000.0)], None)
+    assert not learning.met(hopper, [run(2500.0), run(1500.0), run(1999.0)], None)
     memory = lambda success: {**run(0.9), "final_success": success}  # noqa: E731
     assert learning.met("every seed's final success rate ≥ 0.9", [memory(0.97), memory(0.9)], None)
     assert not learning.met("every seed's final success rate ≥ 0.9", [memory(0.97), memory(0.89)], None)
