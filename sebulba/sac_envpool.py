@@ -195,6 +195,15 @@ def resolve(args: Args, cluster: Cluster = Cluster()) -> Setup:
 LOG_STD_MIN, LOG_STD_MAX = -5.0, 2.0  # the actor's log-std range (CleanRL's sac_continuous_action.py)
 
 
+def torch_dense(features: int, fan_in: int) -> nn.Dense:
+    """A Dense layer initialised as PyTorch's nn.Linear, which CleanRL's sac_continuous_action.py
+    keeps: weights and biases uniform in ±1/sqrt(fan_in) (flax's default, LeCun normal weights
+    and zero biases, starts the weights sqrt(3) x wider)."""
+    bound = 1.0 / np.sqrt(fan_in)
+    return nn.Dense(features, kernel_init=nn.initializers.variance_scaling(1.0 / 3.0, "fan_in", "uniform"),
+                    bias_init=lambda key, shape, dtype=jnp.float32: jax.random.uniform(key, shape, dtype, -bound, bound))
+
+
 class Actor(nn.Module):
     """The policy: a ReLU MLP, then the mean and log-std of a TanhGaussian over (-1, 1)^A,
     log-std squashed into [LOG_STD_MIN, LOG_STD_MAX]. Returns (TanhGaussian, value [B] = 0):
@@ -209,10 +218,10 @@ class Actor(nn.Module):
     def __call__(self, obs, obs_moments: RunningMoments | None = None):
         x = obs.reshape((obs.shape[0], -1)).astype(jnp.float32)
         for h in self.hiddens:
-            x = nn.relu(nn.Dense(h)(x))
-        log_std = jnp.tanh(nn.Dense(self.action_dim)(x))
+            x = nn.relu(torch_dense(h, x.shape[-1])(x))
+        log_std = jnp.tanh(torch_dense(self.action_dim, x.shape[-1])(x))
         log_std = LOG_STD_MIN + 0.5 * (LOG_STD_MAX - LOG_STD_MIN) * (log_std + 1.0)
-        return TanhGaussian(nn.Dense(self.action_dim)(x), log_std), jnp.zeros(obs.shape[0])
+        return TanhGaussian(torch_dense(self.action_dim, x.shape[-1])(x), log_std), jnp.zeros(obs.shape[0])
 
 
 class QNetwork(nn.Module):
@@ -222,8 +231,8 @@ class QNetwork(nn.Module):
     def __call__(self, obs, action):  # [B, D], [B, A] -> [B]
         x = jnp.concatenate([obs.reshape((obs.shape[0], -1)).astype(jnp.float32), action], axis=-1)
         for h in self.hiddens:
-            x = nn.relu(nn.Dense(h)(x))
-        return nn.Dense(1)(x)[:, 0]
+            x = nn.relu(torch_dense(h, x.shape[-1])(x))
+        return torch_dense(1, x.shape[-1])(x)[:, 0]
 
 
 class Critic(nn.Module):

@@ -168,6 +168,28 @@ def test_the_actor_is_what_evaluation_runs():
     np.testing.assert_allclose(sent, 2.0 * np.asarray(action), rtol=1e-6)  # Pendulum's bounds are [-2, 2]
 
 
+def test_the_networks_start_as_pytorchs_linear_layers_as_cleanrls_do():
+    """CleanRL's sac_continuous_action.py keeps nn.Linear's default init: weights and biases
+    uniform in ±1/sqrt(fan_in), so a std of 1/sqrt(3 fan_in) (flax's default is sqrt(3) x wider
+    weights and zero biases)."""
+    agent, spec = sac.make_agent(args("--hiddens", "256", "256"))
+    actor = sac.init_params(agent, spec, jax.random.PRNGKey(0))["params"]
+    critic = sac.Critic((256, 256)).init(jax.random.PRNGKey(1), np.zeros((1, 3), np.float32),
+                                         np.zeros((1, 1), np.float32))["params"]
+    layers = [(actor[f"Dense_{i}"], fan_in) for i, fan_in in enumerate((3, 256, 256, 256))]
+    layers += [(jax.tree.map(lambda x: x[0], critic["VmapQNetwork_0"][f"Dense_{i}"]), fan_in)
+               for i, fan_in in enumerate((4, 256, 256))]
+    for layer, fan_in in layers:
+        bound = 1 / np.sqrt(fan_in)
+        for name in ("kernel", "bias"):
+            values = np.asarray(layer[name])
+            assert np.all(np.abs(values) <= bound), (name, fan_in)
+            assert values.size < 100 or np.abs(values).max() > 0.9 * bound, (name, fan_in)  # uniform, not narrower
+        kernel = np.asarray(layer["kernel"])
+        if kernel.size > 1000:
+            assert np.std(kernel) == pytest.approx(bound / np.sqrt(3), rel=0.05)
+
+
 # ---------------------------------------------------------------------------
 # The real script on Pendulum-v1 (3-dimensional observations, one action in [-2, 2]).
 
