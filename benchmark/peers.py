@@ -107,7 +107,9 @@ CLEANRL_SCRIPTS = {"CartPole-v1": "cleanrl.ppo", "Hopper-v4": "cleanrl.ppo_conti
 # and 1e-3 (critics, temperature), 2 actor and temperature steps every 2nd step, autotuned temperature
 # (target entropy -|A|), 256-256 ReLU networks. Ours runs its default 8 envs x 16 steps (CleanRL one env).
 # SB3 cannot express two of them: one learning rate for all three optimisers (3e-4, its default) and the actor
-# updated every step; its log-std is clipped to [-20, 2] where CleanRL's and ours are squashed into [-5, 2].
+# updated every step; its log-std is clipped to [-20, 2] where CleanRL's and ours are squashed into [-5, 2]. CleanRL
+# 1.2.0 and SB3 differentiate the temperature loss in log alpha without the factor alpha (CleanRL's newer script and
+# ours keep it).
 SAC_BUDGET = 50_000
 SAC_TASKS = {"Hopper-v4/SAC": "Hopper-v4"}
 SAC_EQUAL = dict(learning_starts=5000, batch_size=256, buffer_size=1_000_000, gamma=0.99, tau=0.005, policy_lr=3e-4,
@@ -493,7 +495,10 @@ def sac_table(task: str, equal: dict, data: dict, fmt) -> list[str]:
            f"{', '.join(f'{k} {v}' for k, v in data['sac_equal'].items())}; ours over its default 8 envs x 16 "
            "steps, CleanRL over one env; Stable-Baselines3 (the Zoo's Hopper-v4 preset with these numbers) "
            "cannot express two of them: one learning rate (3e-4) for the critics and the temperature too, and the "
-           "actor updated every step instead of twice every 2nd. Gradient steps/s: over the learning phase (from "
+           "actor updated every step instead of twice every 2nd. Not the same either: CleanRL 1.2.0 (PyPI's last "
+           "release) and Stable-Baselines3 take the temperature's gradient without the factor alpha that ours and "
+           "CleanRL's newer script keep (docs/sac_envpool.md), and Stable-Baselines3 clips the log-std to [-20, 2] "
+           "where the others squash it into [-5, 2]. Gradient steps/s: over the learning phase (from "
            "the first to the last logged point past learning_starts). Return: the mean of the last "
            f"{data['window']} training games at the end. Target: ours at 3x each peer's gradient steps/s or more, "
            "the same return within noise.", "",
