@@ -1,6 +1,8 @@
 """Learning quality against published results: the scripts on the reference tasks, several seeds.
 
-    python benchmark/learning.py                 # every task (about 22 h on 2 cores: each SAC 1M run ~2 h, Breakout ~1.5 h)
+    python benchmark/learning.py                 # every task (about 26 h on 2 cores: each SAC 1M run ~1.5 h, each
+                                                 # Breakout run 1.5-3 h)
+    python benchmark/learning.py --only Hopper-v4/SAC/300k   # SAC at the horizon this box runs (~25 min a seed)
     python benchmark/learning.py --only CartPole-v1/PPO/100k     # one task
     python benchmark/learning.py --quick         # the pipeline at tiny budgets (~3 min), not for quoting
     python benchmark/learning.py --only Hopper-v4/SAC/1M --budget 200000  # cut short, and the report says so
