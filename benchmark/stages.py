@@ -294,12 +294,14 @@ if __name__ == "__main__":
     parser.add_argument("--task", choices=list(TASKS), help="only this task, merged into the existing stages.json")
     cli = parser.parse_args()
     reps, seconds = (1, 0.5) if cli.quick else (cli.reps, cli.seconds)
-    results = run(cli.quick, reps, seconds, cli.task)
     previous = cli.out / "stages.json"
-    if cli.task and previous.exists():  # the other tasks as they were measured, each with its commit and CPU
-        kept = json.loads(previous.read_text())
-        if (kept.get("quick"), kept.get("reps"), kept.get("seconds")) == (cli.quick, reps, seconds):
-            here = {k: kept["machine"].get(k) for k in ("commit", "cpu")}
-            results = {**{t: {**here, **r} for t, r in kept["tasks"].items()}, **results}
+    kept = json.loads(previous.read_text()) if cli.task and previous.exists() else None
+    if kept and (kept.get("quick"), kept.get("reps"), kept.get("seconds")) != (cli.quick, reps, seconds):
+        parser.error(f"--task merges into {previous}, measured with --reps {kept.get('reps')} --seconds "
+                     f"{kept.get('seconds')}{' --quick' if kept.get('quick') else ''}; use those, or --out elsewhere")
+    results = run(cli.quick, reps, seconds, cli.task)
+    if kept:  # the other tasks as they were measured, each with its commit and CPU
+        here = {k: kept["machine"].get(k) for k in ("commit", "cpu")}
+        results = {**{t: {**here, **r} for t, r in kept["tasks"].items()}, **results}
     print("written:", save("stages", {"quick": cli.quick, "reps": reps, "seconds": seconds, "cores": os.cpu_count(),
                                       "tasks": results}, cli.out))
