@@ -441,21 +441,10 @@ def peers_section(data: dict, img: Path, rel: str, save_fig) -> list[str]:
         if equal and task in SAC_TASKS:
             out += sac_table(task, equal, data, fmt)
         elif equal:
-            ours = equal.get("ours", {}).get("sps", {}).get("median")
             out += [f"### Equal work, {task}: {data['budget']:,} env steps of the same PPO", "",
                     f"Hyperparameters: {', '.join(f'{k} {v}' for k, v in data['equal'][task].items())}. Target: ours "
                     "at 3× each peer's env steps/s or more.", "",
-                    "| system | seeds | wall clock (s) | env steps/s | ours ÷ theirs | return at the end |",
-                    "| --- | --- | --- | --- | --- | --- |"]
-            for system, r in equal.items():
-                if r.get("error") and not r["runs"]:
-                    out.append(f"| {r['name']} | failed: {r['error'].splitlines()[-1][:120]} | | | | |")
-                    continue
-                theirs = r["sps"]["median"]
-                ratio = "" if system == "ours" or not ours else f"{ours / theirs:.1f}× ({'met' if ours >= 3 * theirs else 'missed'})"
-                out.append(f"| {r['name']} | {len(r['runs'])} | {fmt(r['wall_s'])} | {fmt(r['sps'])} | {ratio} | "
-                           f"{fmt(r['final_return'])} |")
-            out.append("")
+                    *equal_rows(equal, "sps", "env steps/s", fmt), ""]
         preset = modes.get("preset", {})
         if preset:
             target, cap = data["targets"][task], data["caps"][task]
@@ -489,7 +478,6 @@ def peers_section(data: dict, img: Path, rel: str, save_fig) -> list[str]:
 
 def sac_table(task: str, equal: dict, data: dict, fmt) -> list[str]:
     """RESULTS.md's table of a SAC task's equal-work runs (gradient steps/s, wall clock, the return)."""
-    ours = equal.get("ours", {}).get("grad_steps_per_s", {}).get("median")
     out = [f"### Equal work, {task}: {data['sac_budget']:,} env steps of the same SAC", "",
            f"Hyperparameters (CleanRL sac_continuous_action.py's): "
            f"{', '.join(f'{k} {v}' for k, v in data['sac_equal'].items())}; ours over its default 8 envs x 16 "
@@ -502,18 +490,26 @@ def sac_table(task: str, equal: dict, data: dict, fmt) -> list[str]:
            "the first to the last logged point past learning_starts). Return: the mean of the last "
            f"{data['window']} training games at the end. Target: ours at 3x each peer's gradient steps/s or more, "
            "the same return within noise.", "",
-           "| system | seeds | wall clock (s) | gradient steps/s | ours ÷ theirs | return at the end |",
+           *equal_rows(equal, "grad_steps_per_s", "gradient steps/s", fmt)]
+    return [*out, ""]
+
+
+def equal_rows(equal: dict, key: str, label: str, fmt) -> list[str]:
+    """An equal-work table: per system its seeds, wall clock, the rate `key` (headed `label`), ours ÷
+    theirs in it against the 3× target, and the return at the end; a system that failed, its error."""
+    ours = (equal.get("ours", {}).get(key) or {}).get("median")
+    out = [f"| system | seeds | wall clock (s) | {label} | ours ÷ theirs | return at the end |",
            "| --- | --- | --- | --- | --- | --- |"]
     for system, r in equal.items():
         if r.get("error") and not r["runs"]:
             out.append(f"| {r['name']} | failed: {r['error'].splitlines()[-1][:120]} | | | | |")
             continue
-        theirs = (r.get("grad_steps_per_s") or {}).get("median")
+        theirs = (r.get(key) or {}).get("median")
         ratio = ("" if system == "ours" or not ours or not theirs else
                  f"{ours / theirs:.1f}× ({'met' if ours >= 3 * theirs else 'missed'})")
-        out.append(f"| {r['name']} | {len(r['runs'])} | {fmt(r['wall_s'])} | {fmt(r.get('grad_steps_per_s') or {})} "
-                   f"| {ratio} | {fmt(r['final_return'])} |")
-    return [*out, ""]
+        out.append(f"| {r['name']} | {len(r['runs'])} | {fmt(r['wall_s'])} | {fmt(r.get(key) or {})} | {ratio} | "
+                   f"{fmt(r['final_return'])} |")
+    return out
 
 
 def setup():
