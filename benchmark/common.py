@@ -15,6 +15,7 @@ import platform
 import re
 import resource
 import shutil
+import signal
 import statistics
 import subprocess
 import sys
@@ -246,6 +247,11 @@ def run_script(script: str, flags: list[str], stop_at_return: float | None = Non
         cpu.watch = psutil.Process(proc.pid)
         timer = threading.Timer(timeout, proc.kill)
         timer.start()
+        stopped = []  # a stop signal to this process goes to the run too (it checkpoints), then ends this one
+        handlers = {}
+        if threading.current_thread() is threading.main_thread():
+            handlers = {s: signal.signal(s, lambda signum, _: (stopped.append(signum), proc.send_signal(signum)))
+                        for s in (signal.SIGINT, signal.SIGTERM)}
         for text in proc.stdout:
             output.append(text)
             if log:  # as it comes, with seconds since launch: a session that ends mid-run keeps what it printed
@@ -259,6 +265,12 @@ def run_script(script: str, flags: list[str], stop_at_return: float | None = Non
                     proc.terminate()
         code = proc.wait()
         timer.cancel()
+        for s, handler in handlers.items():
+            signal.signal(s, handler)
+        if stopped:
+            print(f"{signal.Signals(stopped[0]).name}: the run exited {code} (it checkpoints on a stop signal); "
+                  "the same command resumes it", file=sys.stderr, flush=True)
+            raise SystemExit(128 + stopped[0])
         wall = time.perf_counter() - start
         if log:
             log.close()
@@ -283,7 +295,9 @@ def run_script(script: str, flags: list[str], stop_at_return: float | None = Non
 def logged_lines(workdir: Path) -> list[tuple]:
     """Every session's console lines of a `run_script(..., workdir=...)` run, as `run_script`'s
     `lines` with the seconds counted over the sessions one after the other (each session's
-    start-up included, the time between sessions not)."""
+    start-up included, the time between sessions not). A session that resumed from a checkpoint
+    older than the last line (the run was killed between checkpoints) redid those env steps: the
+    lines it replaces are dropped from the curve, their seconds stay in the wall clock."""
     lines, offset, last = [], 0.0, 0.0
     log = workdir / "console.log"
     for entry in log.read_text().splitlines() if log.exists() else []:
@@ -292,7 +306,10 @@ def logged_lines(workdir: Path) -> list[tuple]:
             offset += last
         last = float(seconds)
         if match := LINE.match(text):
-            lines.append((offset + last, int(match[1]), int(match[2]), None if match[5] == "n/a" else float(match[5])))
+            step = int(match[1])
+            while lines and lines[-1][1] >= step:  # redone after a resume from an older checkpoint
+                lines.pop()
+            lines.append((offset + last, step, int(match[2]), None if match[5] == "n/a" else float(match[5])))
     return lines
 
 

@@ -125,6 +125,12 @@ SAC_MUJOCO = ["--total-timesteps", "1000000"]
 # Walker2d 3,000); a curve read by eye, no std.
 SAC_MUJOCO_300K = ["--total-timesteps", "300000"]
 
+# Added to every launch of a script and left out of the run's flags hash (they change no result): checkpoints often
+# enough that a run killed outright (SIGKILL at a session's end, no SIGTERM to save on) loses minutes, not the ~17 of
+# SAC's default 1000 updates. SAC's 100 updates are ~13k env steps (about a minute here); a checkpoint with the replay
+# takes about a second.
+RESUMABLE = {"sac_envpool.py": ["--checkpoint-interval", "100"]}
+
 # name: (script, flags, seeds, reference (mean, std, source) or None, target (description, test on the seed means))
 TASKS = {
     "HalfCheetah-v4/PPO/1M": ("ppo_envpool.py", ["--env-id", "HalfCheetah-v4", *PPO_MUJOCO], 3,
@@ -240,7 +246,7 @@ def run(quick: bool, only: list[str] | None, budget: int | None = None, fresh: b
             workdir = None if quick else run_dir(name, flags, seed)  # --quick: a pipeline check, in a temporary dir
             if fresh and workdir and workdir.exists():
                 shutil.rmtree(workdir)
-            result = run_script(script, [*flags, "--seed", str(seed)], timeout=7200 * 3,
+            result = run_script(script, [*flags, *RESUMABLE.get(script, []), "--seed", str(seed)], timeout=7200 * 3,
                                 eval_episodes=EVAL_EPISODES.get(name, 10), workdir=workdir)
             summary, lines = result["summary"], logged_lines(workdir) if workdir else result["lines"]  # every session's
             wall = lines[-1][0] if lines else result["wall_s"]

@@ -34,6 +34,18 @@ def test_a_resumed_runs_console_lines_add_up_every_sessions_seconds(tmp_path):
     assert common.logged_lines(tmp_path / "none") == []
 
 
+def test_a_run_killed_between_checkpoints_keeps_one_curve(tmp_path):
+    """A SIGKILL leaves no checkpoint of the last steps: the next session resumes from an older one
+    and redoes them. The curve keeps the redone lines, not both; the lost seconds stay counted."""
+    line = "step {:>10} | update {}/9 | sps     100 | return {} | policy lag 0.00 (max 0) | eta 1s"
+    (tmp_path / "console.log").write_text("\n".join([
+        f"10.0\t{line.format(100, 1, '     1.0')}", f"20.0\t{line.format(200, 2, '     2.0')}",
+        f"30.0\t{line.format(300, 3, '     3.0')}",  # killed here; the newest checkpoint was update 1's
+        "3.0\tresumed from ...", f"12.0\t{line.format(200, 2, '     2.5')}", f"15.0\t{line.format(300, 3, '     3.5')}",
+    ]) + "\n")
+    assert common.logged_lines(tmp_path) == [(10.0, 100, 1, 1.0), (30.0 + 12.0, 200, 2, 2.5), (30.0 + 15.0, 300, 3, 3.5)]
+
+
 def test_time_to_return_is_the_first_line_at_the_threshold():
     assert common.time_to_return(LINES, 475) == (14.0, 300)
     assert common.time_to_return(LINES, 501) == (None, None)
