@@ -31,6 +31,9 @@ ACTOR_EFFICIENCY, LIMIT_FRACTION, CARTPOLE_SPS, SOLVE_S, BREAKOUT_SPS, ASYNC_RAT
 SECOND_RUN_FIRST_UPDATE_S = 3.0
 # PPO at CleanRL's Atari sizes (common.TASKS' "Breakout-v5 (CleanRL's sizes)"), 2 cores: env steps/s, share of the limit.
 CLEANRL_BREAKOUT, CLEANRL_BREAKOUT_SPS, CLEANRL_BREAKOUT_FRACTION = "Breakout-v5 (CleanRL's sizes)", 400, 0.8
+# SAC at CleanRL's sizes (256-256 networks, minibatch 256), 2 cores: gradient steps/s, the update alone and end to end
+# at replay ratio 1 (where env steps/s equal gradient steps/s).
+SAC_GRADIENT_STEPS = 250
 CLEANBA_BREAKOUT_SPS = 6_100  # Cleanba's PPO on 1 A100 with 10 CPU cores (derived from its published runtimes)
 
 
@@ -413,7 +416,7 @@ def memory_section(mem: dict) -> list[str]:
             f"| measured run: peak RSS ÷ its rollouts in flight | {fmt(mem['peak_rss_over_in_flight'], 2)} |", ""]
 
 
-def targets_section(stages, e2e, tts, mem=None, start=None) -> list[str]:
+def targets_section(stages, e2e, tts, mem=None, start=None, sac=None) -> list[str]:
     rows = []
 
     def add(measure, value, target, ok):
@@ -458,6 +461,15 @@ def targets_section(stages, e2e, tts, mem=None, start=None) -> list[str]:
         second = start["results"]["PPO"]["second_s"]["median"]
         add("CartPole-v1 PPO README command, time to first update on its second run (compilation cache)",
             f"{second:.1f} s", f"≤ {SECOND_RUN_FIRST_UPDATE_S} s", second <= SECOND_RUN_FIRST_UPDATE_S)
+    if sac:
+        steps = sac["results"]["gradient_steps_per_s"]["median"]
+        add(f"SAC gradient steps/s, CleanRL's sizes, the update alone ({sac['results']['env_id']}, sac_step.py)",
+            f"{steps:.0f}", f"≥ {SAC_GRADIENT_STEPS}", steps >= SAC_GRADIENT_STEPS)
+    row = find(e2e, "SAC", "Hopper-v4", "a0-l0", "async", ", replay ratio 1")
+    if row:
+        steps = row["sps"]["median"] * row["replay_ratio"]
+        add("SAC gradient steps/s end to end, Hopper-v4 a0-l0, replay ratio 1", f"{steps:.0f}",
+            f"≥ {SAC_GRADIENT_STEPS}", steps >= SAC_GRADIENT_STEPS)
     if mem:
         uint8 = mem["rollout_obs_dtype"] == mem["learner_obs_dtype"] == "uint8"
         add("Breakout-v5 frames stay uint8 until the network (rollouts / learner programs' input; float only "
@@ -495,7 +507,7 @@ def report(results: Path, md: Path, img: Path) -> Path:
              f"{'One short repetition each (the ranges are that one value). ' if quick else 'Medians of several runs with (min–max). '}"
              "What each figure means and how to read it: docs/benchmarks.md.", ""]
     lines += machine_section(parts, names)
-    lines += targets_section(stages, e2e, tts, mem, start)
+    lines += targets_section(stages, e2e, tts, mem, start, sac)
     if env:
         lines += env_section(env, img, rel)
     if stages:
