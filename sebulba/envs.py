@@ -122,12 +122,21 @@ def recv_batch(envs, batch_size: int, sort: bool = False):
     return env_id, obs, reward, terminated, truncated, lives
 
 
+RUN_SEED_STRIDE = 10_000_019  # env seeds between the training pools of consecutive --seed values
+
+
 def pool_seed(seed: int, thread: int, first_rollout: int, num_envs_total: int, num_envs: int) -> int:
     """EnvPool seed of the pool of global actor thread `thread` (process-major) that starts at
-    rollout `first_rollout`; EnvPool seeds its envs seed, seed + 1, ..., so every env of every
-    thread, process and pool (a --deterministic run makes one per checkpoint interval) gets a
-    seed of its own (cleanrl PR#238, envpool#298)."""
-    return seed + (thread + first_rollout * num_envs_total // num_envs) * num_envs
+    rollout `first_rollout` in the run with --seed `seed`; EnvPool seeds its envs seed, seed + 1,
+    ..., so every env of every thread, process and pool (a --deterministic run makes one per
+    checkpoint interval) gets a seed of its own (cleanrl PR#238, envpool#298). Runs with
+    different --seed values start RUN_SEED_STRIDE env seeds apart (--seed 1 at 1), so their
+    training envs share no seed until a run has made that many env slots; with bases seed,
+    seed + 1, ..., --seed 1 and 2 shared all but one env. Wraps at 2**31 (EnvPool's int seed).
+    Apart from the evaluation pools' seeds (evaluation.eval_seed, from 1,000,003 on): --seed 1's
+    stay below them for its first 1,000,000 / num_envs_total rollouts, --seed 2's on start above."""
+    base = seed + (seed - 1) * RUN_SEED_STRIDE
+    return (base + (thread + first_rollout * num_envs_total // num_envs) * num_envs) % 2**31
 
 
 def env_segments(start_update: int, num_updates: int, deterministic: bool,

@@ -9,6 +9,7 @@ import numpy as np
 from sebulba.config import Cluster, RunFlags, resolve_run
 from sebulba.devices import Placement
 from sebulba.envs import make_spec, pool_seed
+from sebulba.evaluation import eval_seed
 from sebulba.networks import RunningMoments
 from sebulba.ppo_envpool import Agent, Args, make_update_fn
 from sebulba.runtime import Run
@@ -37,6 +38,20 @@ def test_every_env_of_every_thread_and_process_has_its_own_seed_and_first_observ
     assert len({tuple(n) for n in noise}) == 4
     later = [pool_seed(1, thread, 4, 32, 8) + i for thread in range(4) for i in range(8)]  # the pools of rollout 4..
     assert len(set(later)) == 32 and not set(later) & set(seeds)
+
+
+def test_runs_with_different_seeds_train_on_different_env_seeds():
+    """Seeds of a learning benchmark are independent samples only if their envs are: --seed 1 to 5,
+    2 threads x 8 envs, pools remade every 4 rollouts for 10,000 rollouts (a --deterministic run),
+    share no env seed, and none reaches the evaluation pools' seeds; --seed 1 keeps seeds 1, 2, ..."""
+    def env_seeds(seed):
+        return {pool_seed(seed, thread, rollout, 16, 8) + i
+                for thread in range(2) for rollout in range(0, 10_000, 4) for i in range(8)}
+    runs = [env_seeds(seed) for seed in range(1, 6)]
+    assert min(runs[0]) == 1 and all(len(r) == 2 * 2_500 * 8 for r in runs)
+    assert len(set().union(*runs)) == sum(len(r) for r in runs)
+    evaluation = {eval_seed(seed) + i for seed in range(1, 6) for i in range(100)}
+    assert not evaluation & set().union(*runs)
 
 
 def test_each_learner_device_draws_its_own_minibatch_permutation():
