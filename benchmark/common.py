@@ -267,13 +267,13 @@ def run_script(script: str, flags: list[str], stop_at_return: float | None = Non
         timer.cancel()
         for s, handler in handlers.items():
             signal.signal(s, handler)
+        wall = time.perf_counter() - start
+        if log:
+            log.close()
         if stopped:
             print(f"{signal.Signals(stopped[0]).name}: the run exited {code} (it checkpoints on a stop signal); "
                   "the same command resumes it", file=sys.stderr, flush=True)
             raise SystemExit(128 + stopped[0])
-        wall = time.perf_counter() - start
-        if log:
-            log.close()
 
         summary_file = Path(tmp) / "runs" / "bench" / "summary.json"
         if code not in (0, 143) or not summary_file.exists():
