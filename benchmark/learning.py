@@ -104,7 +104,11 @@ BREAKOUT_PPO_CLEANRL = ["--env-id", "Breakout-v5", "--atari-protocol", "cleanrl"
 # PQN: the README preset (CleanRL's pqn.py hyperparameters over purejaxql's CartPole batch layout), CleanRL's pqn.py
 # as it is (4 envs x 128 steps, synchronous as its loop) and, on Breakout,
 # the script's defaults (CleanRL's pqn_atari_envpool.py: its protocol, the Nature CNN with LayerNorm, 8 envs x 128
-# steps, 4 x 4 minibatches) at 2M env steps with CleanRL's synchronous loop; checkpoints every 10 updates.
+# steps, 4 x 4 minibatches) at 2M env steps with CleanRL's synchronous loop; checkpoints every 10 updates. Its
+# reference is CleanRL's curve at 2M env steps of a 10M-step run, so the schedules follow that run's first 2M: epsilon
+# from 1 to 0.01 over 1M env steps (CleanRL's 0.1 x 10M: --exploration-fraction 0.5 of 2M, not the default 0.1's
+# 200k) and the learning rate held at 2.5e-4 (CleanRL's anneals over 10M, so it is still 2.0e-4 at 2M; annealing to 0
+# at 2M would be a schedule the reference never ran).
 PQN_CARTPOLE = ["--env-id", "CartPole-v1", "--total-timesteps", "500000", "--local-num-envs", "32", "--num-steps", "64",
                 "--num-minibatches", "16", "--update-epochs", "4", "--hiddens", "120", "84", "--end-e", "0.05",
                 "--exploration-fraction", "0.5"]
@@ -112,7 +116,7 @@ PQN_CARTPOLE_CLEANRL = ["--env-id", "CartPole-v1", "--total-timesteps", "500000"
                         "--num-steps", "128", "--num-minibatches", "4", "--update-epochs", "4", "--hiddens", "120", "84",
                         "--end-e", "0.05", "--exploration-fraction", "0.5", "--max-policy-lag", "0"]
 BREAKOUT_PQN_CLEANRL = ["--env-id", "Breakout-v5", "--total-timesteps", "2000000", "--max-policy-lag", "0",
-                        "--checkpoint-interval", "10"]
+                        "--exploration-fraction", "0.5", "--no-anneal-lr", "--checkpoint-interval", "10"]
 
 # SAC: the script's defaults are CleanRL's sac_continuous_action.py hyperparameters (1M env steps, buffer 1M,
 # 5k random steps, batch 256, lr 3e-4 / 1e-3, policy frequency 2, tau 0.005, autotuned alpha). CleanRL's

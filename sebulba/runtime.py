@@ -375,14 +375,20 @@ FLAG_HINTS = {"--num-envs": "--local-num-envs (envs per actor thread)", "--gym-i
 def unknown_flag(args_type: type, argv: list[str]) -> str | None:
     """One line for the first command-line flag that `args_type` does not have, naming what the
     user most likely meant: the script's own hint (`Args.flag_hints`, e.g. SAC's two learning
-    rates for --learning-rate), CleanRL's names (FLAG_HINTS), else the closest of its flags;
-    None when every flag is known (tyro then parses, and answers anything else)."""
+    rates for --learning-rate), CleanRL's names (FLAG_HINTS), else the closest of its flags; or
+    for a switch given a separate value (`--anneal-lr False`, argparse-era CleanRL's spelling),
+    how to write it. None when every flag is known (tyro then parses, and answers anything else)."""
     names, types = script_flags(args_type), typing.get_type_hints(args_type)
     switches = [n for n in names if types[n] is bool or bool in typing.get_args(types[n])]  # tyro adds --no-<flag>
     known = {"--help", *(flag(n) for n in names), *(f"--no-{flag(n)[2:]}" for n in switches)}
+    pure = {flag(n) for n in names if types[n] is bool}  # take no value (a bool | None flag takes one)
     hints = {**FLAG_HINTS, **getattr(args_type, "flag_hints", {})}
-    for token in argv:
+    for i, token in enumerate(argv):
         name = token.split("=", 1)[0].replace("_", "-")
+        value = argv[i + 1] if i + 1 < len(argv) else ""
+        if name in pure and "=" not in token and value.lower() in ("true", "false"):
+            return (f"{name} is a switch and takes no value: write {name} or --no-{name[2:]}, "
+                    f"not {name} {value} (or {name}={value})")
         if not token.startswith("--") or name in known or token.startswith("--tyro"):
             continue
         module = args_type.__module__

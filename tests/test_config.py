@@ -214,6 +214,17 @@ def test_every_spelling_of_a_real_flag_passes_the_unknown_flag_check():
     assert unknown_flag(sac.Args, ["--norm-obs", "True"]) is not None  # hidden: not a flag of SAC's
     assert unknown_flag(pqn.Args, ["--norm-reward", "True"]) is not None  # nor of PQN's
     assert unknown_flag(ppo.Args, ["--no-seed"]) is not None  # --no- only for switches
+    assert unknown_flag(ppo.Args, ["--read-mission", "False"]) is None  # bool | None: takes a value
+
+
+def test_a_switch_given_a_value_says_how_to_write_it():
+    """`--anneal-lr False` (argparse-era CleanRL) is two tokens to tyro: the switch and a stray
+    "False", which tyro answers with a boxed "Unrecognized options: False"."""
+    from sebulba.runtime import unknown_flag
+    assert unknown_flag(pqn.Args, ["--env-id", "Breakout-v5", "--anneal-lr", "False"]) == (
+        "--anneal-lr is a switch and takes no value: write --anneal-lr or --no-anneal-lr, "
+        "not --anneal-lr False (or --anneal-lr=False)")
+    assert unknown_flag(pqn.Args, ["--anneal-lr", "--seed", "2"]) is None
 
 
 @pytest.mark.slow
