@@ -299,8 +299,9 @@ def run_actor(envs, policy, device: jax.Device, key, params_slot: ParamsSlot, ro
     params, Q(λ)'s bootstraps, and the log-probabilities the behaviour policy's.
 
     Each queued item is (Rollout, episode returns, episode lengths, stats dict in seconds, and
-    random_action_share: the share of actions since the last rollout that were the uniform
-    draw). Policy versions and --deterministic as in sebulba/ppo_envpool.py's run_actor.
+    random_action_share: the share of the actions sent since the previous rollout was queued
+    that were the uniform draw; with --max-policy-lag 0 a rollout's re-chosen first actions
+    count, not the first choices recorded as the last one's row T). Policy versions and --deterministic as in sebulba/ppo_envpool.py's run_actor.
     """
     timer, key, last_emit, first_rollout = Timer(), jax.device_put(key, device), time.perf_counter(), assembler.emitted
     explored, acted = 0, 0
@@ -322,7 +323,6 @@ def run_actor(envs, policy, device: jax.Device, key, params_slot: ParamsSlot, ro
             version, params = params_slot.wait(needed, stop, args.stall_timeout_s, name, exact=args.deterministic)
         with timer("inference_time_s"):
             action, logprob, value, chose_randomly, key = act(params, obs, version, key)
-            explored, acted = explored + int(chose_randomly.sum()), acted + len(action)
         late, wanted = assembler.late_first_rows(env_id, args.max_policy_lag, version)
         if not late.any():
             with timer("env_send_time_s"):
@@ -341,13 +341,14 @@ def run_actor(envs, policy, device: jax.Device, key, params_slot: ParamsSlot, ro
                 with timer("params_wait_time_s"):
                     version, params = params_slot.wait(wanted, stop, args.stall_timeout_s, name, exact=args.deterministic)
                 with timer("inference_time_s"):
-                    again, logprob, value, chose_randomly, key = act(params, jax.tree.map(lambda x: x[late], obs),
+                    again, logprob, value, again_randomly, key = act(params, jax.tree.map(lambda x: x[late], obs),
                                                                      version, key)
-                    action = action.copy()  # (the first choice is read-only, and recorded as row T)
-                    action[late] = again
+                    action, chose_randomly = action.copy(), chose_randomly.copy()  # (the first choice is
+                    action[late], chose_randomly[late] = again, again_randomly  # read-only, recorded as row T)
                 assembler.restart_rows(env_id[late], again, logprob, value, version)
             with timer("env_send_time_s"):
                 envs.send(action, env_id)
+        explored, acted = explored + int(chose_randomly.sum()), acted + len(action)  # the actions sent
 
 
 # ---------------------------------------------------------------------------
