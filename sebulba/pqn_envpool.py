@@ -301,7 +301,8 @@ def run_actor(envs, policy, device: jax.Device, key, params_slot: ParamsSlot, ro
     Each queued item is (Rollout, episode returns, episode lengths, stats dict in seconds, and
     random_action_share: the share of the actions sent since the previous rollout was queued
     that were the uniform draw; with --max-policy-lag 0 a rollout's re-chosen first actions
-    count, not the first choices recorded as the last one's row T). Policy versions and --deterministic as in sebulba/ppo_envpool.py's run_actor.
+    count, not the first choices recorded as the last one's row T). Policy versions and
+    --deterministic as in sebulba/ppo_envpool.py's run_actor.
     """
     timer, key, last_emit, first_rollout = Timer(), jax.device_put(key, device), time.perf_counter(), assembler.emitted
     explored, acted = 0, 0
@@ -342,7 +343,7 @@ def run_actor(envs, policy, device: jax.Device, key, params_slot: ParamsSlot, ro
                     version, params = params_slot.wait(wanted, stop, args.stall_timeout_s, name, exact=args.deterministic)
                 with timer("inference_time_s"):
                     again, logprob, value, again_randomly, key = act(params, jax.tree.map(lambda x: x[late], obs),
-                                                                     version, key)
+                                                                      version, key)
                     action, chose_randomly = action.copy(), chose_randomly.copy()  # (the first choice is
                     action[late], chose_randomly[late] = again, again_randomly  # read-only, recorded as row T)
                 assembler.restart_rows(env_id[late], again, logprob, value, version)
