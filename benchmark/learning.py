@@ -90,6 +90,20 @@ BREAKOUT_IMPALA = ["--env-id", "Breakout-v5", "--atari-protocol", "cleanba", "--
 BREAKOUT_IMPALA_3M = ["--env-id", "Breakout-v5", "--atari-protocol", "machado", "--total-timesteps", "3000000",
                       *BREAKOUT_IMPALA[6:]]
 
+# Breakout-v5 with IMPALA as Cleanba's cleanba_impala.py trains it (its protocol; entropy 0.01, value 0.5, clip 40,
+# learning rate 6e-4, which its 50M-step schedule keeps above 5.76e-4 over the first 2M, so held here; PyTorch's
+# RMSProp, decay 0.99, eps 0.01 outside the root, accumulators from 0; one gradient step per 640 env steps, each on
+# 32 envs x 20 steps, its minibatch) and its actor's synchronous pool (every env in every recv: the policy lag stays
+# within --max-policy-lag; a half-pool recv lets envs drift apart by rollouts, docs/impala_envpool.md). The Nature
+# CNN (--atari-encoder nature --hiddens 512) in place of Cleanba's ResNet: ~5x fewer multiply-adds a frame, so 2M env
+# steps take about an hour on 2 cores instead of four or more. Reference: Cleanba's README curve (main_10CPU.png,
+# 3 seeds, read off the plot at 2M env steps). A checkpoint every 50 updates (32k env steps).
+BREAKOUT_IMPALA_CLEANBA = ["--env-id", "Breakout-v5", "--atari-protocol", "cleanba", "--total-timesteps", "2000000",
+                           "--num-actor-threads", "1", "--local-num-envs", "32", "--async-batch-size", "32",
+                           "--num-steps", "20", "--atari-encoder", "nature", "--hiddens", "512", "--optimizer",
+                           "rmsprop-torch", "--learning-rate", "6e-4", "--no-anneal-lr", "--ent-coef", "0.01",
+                           "--checkpoint-interval", "50"]
+
 # CleanRL's ppo_atari_envpool.py, its protocol and hyperparameters: 8 envs x 128 steps, 4 minibatches x 4 epochs,
 # lr 2.5e-4 annealed, clip 0.1, entropy 0.01, value 0.5, grad norm 0.5, the Nature CNN, and its synchronous loop
 # (--max-policy-lag 0). Not the same: CleanRL clips the value loss (clip_vloss) and anneals over its 10M env steps,
@@ -179,6 +193,9 @@ TASKS = {
     "BabyAI-GoToLocal-v0/PPO/2M": ("ppo_envpool.py", GOTO_LOCAL, 1, None, None),
     "Breakout-v5/IMPALA/1.5M": ("impala_envpool.py", BREAKOUT_IMPALA, 1, None, "last-20 mean ≥ 10 (random play ≈ 1.5)"),
     "Breakout-v5/IMPALA/3M": ("impala_envpool.py", BREAKOUT_IMPALA_3M, 1, None, "last-20 mean ≥ 10 (random play ≈ 1.5)"),
+    "Breakout-v5/IMPALA/2M-cleanba": ("impala_envpool.py", BREAKOUT_IMPALA_CLEANBA, 1,
+                                      (30.0, None, "Cleanba cleanba_impala.py, its README's curve at 2M env steps "
+                                       "(20-40 over 3 seeds)"), "last-20 mean ≥ 20 (random play ≈ 1.5)"),
     "Breakout-v5/PPO/2M-cleanrl": ("ppo_envpool.py", BREAKOUT_PPO_CLEANRL, 1,
                                    (40.0, None, "CleanRL ppo_atari_envpool.py, its docs' curve at 2M env steps"),
                                    "last-20 mean ≥ 30 (random play ≈ 1.5)"),

@@ -81,8 +81,9 @@ class Args(RunFlags):
     """optimizer learning rate"""
     anneal_lr: bool = True
     """anneal the learning rate linearly to 0 over the run"""
-    optimizer: Literal["rmsprop", "adam"] = "rmsprop"
-    """rmsprop (IMPALA's: decay 0.99, eps 0.01, no momentum) or adam (eps 1e-5)"""
+    optimizer: Literal["rmsprop", "rmsprop-torch", "adam"] = "rmsprop"
+    """rmsprop (TF1's, the paper's code: decay 0.99, eps 0.01 inside the root, accumulators from 1), rmsprop-torch
+    (PyTorch's, TorchBeast's and Cleanba's: eps 0.01 outside the root, accumulators from 0) or adam (eps 1e-5)"""
     num_steps: int = 20
     """transitions per env in one rollout (the V-trace unroll length)"""
     gamma: float = 0.99
@@ -116,8 +117,8 @@ def resolve(args: Args, cluster: Cluster = Cluster()) -> Setup:
     check_ranges(args, positive=("num_steps",), above_zero=("learning_rate", "max_grad_norm", "rho_clip", "c_clip"),
                  unit_interval=("gamma", "vtrace_lambda"), non_negative=("ent_coef", "vf_coef"))
     check_network(args.env_id, args.channels, args.hiddens, args.atari_encoder)
-    if args.optimizer not in ("rmsprop", "adam"):
-        raise ConfigError(f"--optimizer {args.optimizer}: use rmsprop or adam")
+    if args.optimizer not in OPTIMIZERS:
+        raise ConfigError(f"--optimizer {args.optimizer}: use {', '.join(OPTIMIZERS)}")
     if args.c_clip > args.rho_clip:
         raise ConfigError(f"--c-clip={args.c_clip} must not exceed --rho-clip={args.rho_clip} (Espeholt et al. 2018, "
                           "section 4.1)")
@@ -331,18 +332,25 @@ def run_actor(envs, policy, device: jax.Device, key, params_slot: ParamsSlot, ro
                 envs.send(sent, env_id)
 
 
+# --optimizer: learning-rate schedule -> optax transformation. The two RMSProps differ where it matters early
+# on: TF1's divides by sqrt(nu + eps) with nu starting at 1, so the first steps are about lr * g and, once nu has
+# decayed, a gradient below sqrt(eps) = 0.1 is divided by about 0.1; PyTorch's divides by sqrt(nu) + eps with nu
+# from 0, so the first step is about 10 lr * sign(g), and a small gradient is divided by about |g| + 0.01.
+OPTIMIZERS = {
+    "rmsprop": lambda lr: optax.rmsprop(lr, decay=0.99, eps=0.01, initial_scale=1.0, eps_in_sqrt=True),
+    "rmsprop-torch": lambda lr: optax.rmsprop(lr, decay=0.99, eps=0.01, initial_scale=0.0, eps_in_sqrt=False),
+    "adam": lambda lr: optax.adam(lr, eps=1e-5),
+}
+
+
 def make_train_state(args: Args, setup: Setup, params, placement: Placement):
-    """The learner's LearnerState (fresh statistics; RMSProp as in IMPALA's code, decay 0.99 and
-    eps 0.01, or Adam; after global-norm clipping of the summed loss's gradient) replicated
+    """The learner's LearnerState (fresh statistics; --optimizer, one of OPTIMIZERS, after
+    global-norm clipping of the summed loss's gradient) replicated
     over the learner mesh, and its learning-rate schedule (linear to 0 over the updates with
     --anneal-lr)."""
     lr_schedule = optax.linear_schedule(args.learning_rate, 0.0 if args.anneal_lr else args.learning_rate,
                                         setup.num_updates)
-    # TF1's RMSProp, which the paper's code used: eps inside the square root, accumulators start at 1.
-    optimizer = (optax.rmsprop(lr_schedule, decay=0.99, eps=0.01, initial_scale=1.0, eps_in_sqrt=True)
-                 if args.optimizer == "rmsprop"
-                 else optax.adam(lr_schedule, eps=1e-5))
-    tx = optax.chain(optax.clip_by_global_norm(args.max_grad_norm), optimizer)
+    tx = optax.chain(optax.clip_by_global_norm(args.max_grad_norm), OPTIMIZERS[args.optimizer](lr_schedule))
     obs_shape = make_agent(args)[1].observation_space.shape if setup.norm_obs else ()
     state = LearnerState.create(apply_fn=None, params=params, tx=tx, obs_moments=RunningMoments.create(obs_shape),
                                 return_moments=RunningMoments.create(()))

@@ -16,7 +16,7 @@ from test_math import k14_rollout
 from sebulba.config import ConfigError
 from sebulba.devices import Placement
 from sebulba.envs import make_envs
-from sebulba.impala_envpool import Agent, Args, impala_loss, main, make_update_fn, resolve, vtrace
+from sebulba.impala_envpool import OPTIMIZERS, Agent, Args, impala_loss, main, make_update_fn, resolve, vtrace
 from sebulba.learner import LearnerState
 from sebulba.networks import RunningMoments
 from sebulba.rollouts import Rollout
@@ -214,9 +214,31 @@ def test_the_loss_is_the_sum_of_the_per_transition_terms_and_the_metrics_their_m
     np.testing.assert_allclose(loss, expected, rtol=1e-5)
 
 
+@pytest.mark.parametrize("name, steps", [
+    # TF1's RMSProp (the paper's code): nu_k = 0.99 nu_{k-1} + 0.01 g^2 from nu_0 = 1, step -lr g / sqrt(nu_k + 0.01).
+    # g = 0.5, lr = 0.1: nu_1 = 0.9925, step -0.05 / sqrt(1.0025); nu_2 = 0.985075, step -0.05 / sqrt(0.995075).
+    ("rmsprop", [-0.05 / np.sqrt(1.0025), -0.05 / np.sqrt(0.995075)]),
+    # PyTorch's (TorchBeast's, Cleanba's): nu from 0, step -lr g / (sqrt(nu_k) + 0.01).
+    # nu_1 = 0.0025: -0.05 / 0.06; nu_2 = 0.004975: -0.05 / (sqrt(0.004975) + 0.01).
+    ("rmsprop-torch", [-0.05 / 0.06, -0.05 / (np.sqrt(0.004975) + 0.01)]),
+])
+def test_the_two_rmsprops_take_their_libraries_steps(name, steps):
+    """--optimizer rmsprop is TF1's RMSPropOptimizer (epsilon inside the root, accumulator from 1)
+    and rmsprop-torch is torch.optim.RMSprop (epsilon outside, accumulator from 0), both with decay
+    0.99 and epsilon 0.01: two steps on a gradient of 0.5, by hand. Early on the PyTorch form's
+    step is 17 times the TF1 form's here."""
+    tx = OPTIMIZERS[name](0.1)
+    params, taken = jnp.zeros(()), []
+    state = tx.init(params)
+    for _ in steps:
+        update, state = tx.update(jnp.asarray(0.5), state, params)
+        taken.append(float(update))
+    np.testing.assert_allclose(taken, steps, rtol=1e-6)
+
+
 @pytest.mark.parametrize("change, message", [
     (dict(c_clip=2.0), r"--c-clip=2.0 must not exceed --rho-clip=1.0"),
-    (dict(optimizer="sgd"), r"--optimizer sgd: use rmsprop or adam"),
+    (dict(optimizer="sgd"), r"--optimizer sgd: use rmsprop, rmsprop-torch, adam"),
     (dict(vtrace_lambda=1.5), r"--vtrace-lambda=1.5 must be in \(0, 1\]"),
     (dict(rho_clip=0.0), r"--rho-clip=0.0 must be positive"),
     (dict(total_timesteps=100), r"--total-timesteps=100 is smaller than one batch"),  # the shared checks too
