@@ -103,6 +103,13 @@ BREAKOUT_IMPALA_CLEANBA = ["--env-id", "Breakout-v5", "--atari-protocol", "clean
                            "--num-steps", "20", "--atari-encoder", "nature", "--hiddens", "512", "--optimizer",
                            "rmsprop-torch", "--learning-rate", "6e-4", "--no-anneal-lr", "--ent-coef", "0.01",
                            "--checkpoint-interval", "50"]
+# The same with TF1's RMSProp (the paper's code's; the script's default until this row): the optimizer's form alone.
+BREAKOUT_IMPALA_CLEANBA_TF1 = ["rmsprop" if flag == "rmsprop-torch" else flag for flag in BREAKOUT_IMPALA_CLEANBA]
+# The same with Cleanba's network, the IMPALA ResNet 16-32-32 + 256: ~5x the Nature CNN's work a frame, so 2M env steps
+# take about 4 h here, over several sittings (it resumes).
+BREAKOUT_IMPALA_CLEANBA_RESNET = [*BREAKOUT_IMPALA_CLEANBA[:BREAKOUT_IMPALA_CLEANBA.index("--atari-encoder")],
+                                  "--atari-encoder", "impala", "--channels", "16", "32", "32", "--hiddens", "256",
+                                  *BREAKOUT_IMPALA_CLEANBA[BREAKOUT_IMPALA_CLEANBA.index("--optimizer"):]]
 
 # CleanRL's ppo_atari_envpool.py, its protocol and hyperparameters: 8 envs x 128 steps, 4 minibatches x 4 epochs,
 # lr 2.5e-4 annealed, clip 0.1, entropy 0.01, value 0.5, grad norm 0.5, the Nature CNN, and its synchronous loop
@@ -196,6 +203,11 @@ TASKS = {
     "Breakout-v5/IMPALA/2M-cleanba": ("impala_envpool.py", BREAKOUT_IMPALA_CLEANBA, 1,
                                       (30.0, None, "Cleanba cleanba_impala.py, its README's curve at 2M env steps "
                                        "(20-40 over 3 seeds)"), "last-20 mean ≥ 20 (random play ≈ 1.5)"),
+    # The same with TF1's RMSProp (the script's default before): what the optimizer's form alone does.
+    "Breakout-v5/IMPALA/2M-cleanba-tf1-rmsprop": ("impala_envpool.py", BREAKOUT_IMPALA_CLEANBA_TF1, 1, None, None),
+    "Breakout-v5/IMPALA/2M-cleanba-resnet": ("impala_envpool.py", BREAKOUT_IMPALA_CLEANBA_RESNET, 1,
+                                             (30.0, None, "Cleanba cleanba_impala.py, its README's curve at 2M env "
+                                              "steps (20-40 over 3 seeds)"), "last-20 mean ≥ 20 (random play ≈ 1.5)"),
     "Breakout-v5/PPO/2M-cleanrl": ("ppo_envpool.py", BREAKOUT_PPO_CLEANRL, 1,
                                    (40.0, None, "CleanRL ppo_atari_envpool.py, its docs' curve at 2M env steps"),
                                    "last-20 mean ≥ 30 (random play ≈ 1.5)"),

@@ -320,6 +320,44 @@ def gpu_section(gpu: dict) -> list[str]:
     return [*out, ""]
 
 
+def cleanba_section(cleanba: dict) -> list[str]:
+    out = ["## Beside Cleanba's IMPALA (`benchmark/cleanba.py`)", ""]
+    parity = cleanba.get("parity")
+    if parity:
+        b = parity["batch"]
+        out += [f"One real rollout ({b['env_id']} under the `{b['protocol']}` protocol, {b['num_envs']} envs × "
+                f"{b['num_steps']} steps, {b['episode_ends']} episode ends, {b['rewards']} rewards; {b['network']}) "
+                "through Cleanba's own update (cleanba_impala.py at commit "
+                f"{parity['cleanba_commit'][:12]}, in .venv-cleanba) and ours (code {parity['machine'].get('commit')}, on "
+                f"{parity['machine']['cpu']}), from the same parameters with the same "
+                "hyperparameters. `aligned`: Cleanba fed ours' alignment of rewards, discounts and masks; `native`: "
+                "the batch as Cleanba's actor stores it. Loss terms are sums over the batch; differences are "
+                "‖ours − Cleanba's‖ / ‖Cleanba's‖.", "",
+                "| alignment | our optimizer | loss | policy term | value term | entropy term | gradient | "
+                "step after 1 update | after the last | step norm, ours / Cleanba's (1st update) |",
+                "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
+        for alignment, rows in parity["results"].items():
+            for optimizer, r in rows.items():
+                steps = sorted((k for k in r if k.startswith("after_")), key=lambda k: int(k.split("_")[1]))
+                first, last = r[steps[0]], r[steps[-1]]
+                out.append(f"| {alignment} | {optimizer} | " + " | ".join(
+                    f"{r[k]['relative_difference']:.1e}" for k in ("loss", "pg_loss", "v_loss", "ent_loss"))
+                    + f" | {r['gradient_relative_difference']:.1e} | {first['step_relative_difference']:.1e} | "
+                    f"{last['step_relative_difference']:.1e} ({steps[-1].split('_')[1]}) | "
+                    f"{first['step_norm_ours'] / first['step_norm_cleanba']:.3f} |")
+        out.append("")
+    throughput = cleanba.get("throughput")
+    if throughput:
+        m, sps = throughput["machine"], throughput["sps_lines"]
+        out += [f"Cleanba's `{throughput['command']}` as its users run it (its defaults: Breakout-v5, 2 actor threads "
+                f"× 64 envs × 20 steps, 4 minibatches, actor and learner on device 0) on {m['cpu']}, {m['cores']} "
+                f"cores, stopped after {throughput['seconds']:.0f} s: its last `SPS:` line "
+                f"{sps[-1] if sps else 'never printed'} env steps/s; its learner's `training time` per update of "
+                f"2,560 env steps: {', '.join(f'{t:.0f} s' for _, t in throughput['training_time_s']) or 'none finished'}.",
+                ""]
+    return out
+
+
 def learning_section(learn: dict, img: Path, rel: str) -> list[str]:
     def mean_std(values):
         values = [v for v in values if v is not None]
@@ -496,6 +534,7 @@ def report(results: Path, md: Path, img: Path) -> Path:
     names = ("env_throughput", "stages", "e2e", "time_to_solve", "startup", "memory", "conv", "sac_step", "learning",
              "gpu", "peers")
     env, stages, e2e, tts, start, mem, conv, sac, learn, gpu, peers = parts = [load(results, n) for n in names]
+    cleanba = load(results, "cleanba")  # two parts of its own (parity, throughput), each with its machine
     if not any(parts):
         raise SystemExit(f"no results in {results}: run benchmark/run.py first")
     rel = os.path.relpath(img, md.parent)
@@ -526,6 +565,8 @@ def report(results: Path, md: Path, img: Path) -> Path:
         lines += sac_step_section(sac)
     if learn:
         lines += learning_section(learn, img, rel)
+    if cleanba:
+        lines += cleanba_section(cleanba)
     if gpu:
         lines += gpu_section(gpu)
     if peers:

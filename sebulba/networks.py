@@ -31,7 +31,8 @@ class ResidualBlock(nn.Module):
 
 
 class ImpalaEncoder(nn.Module):
-    """IMPALA ResNet (Espeholt et al. 2018, Fig. 3): conv, max-pool, two residual blocks per stack."""
+    """IMPALA ResNet (Espeholt et al. 2018, Fig. 3): conv, max-pool, two residual blocks per stack; the
+    convolutions in flax's default init (as Cleanba's), the dense layers orthogonal with gain sqrt(2)."""
 
     channels: tuple[int, ...]
     hiddens: tuple[int, ...]
@@ -45,8 +46,8 @@ class ImpalaEncoder(nn.Module):
             x = ResidualBlock(c)(x)
             x = ResidualBlock(c)(x)
         x = nn.relu(x).reshape((x.shape[0], -1))
-        for h in self.hiddens:
-            x = nn.relu(nn.Dense(h)(x))
+        for h in self.hiddens:  # orthogonal, gain sqrt(2), zero bias: Cleanba's and CleanRL's ppo_procgen.py's
+            x = nn.relu(nn.Dense(h, kernel_init=nn.initializers.orthogonal(np.sqrt(2)))(x))
         return x
 
 
