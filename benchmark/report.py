@@ -334,7 +334,7 @@ def cleanba_section(cleanba: dict) -> list[str]:
                 "the batch as Cleanba's actor stores it. Loss terms are sums over the batch; differences are "
                 "‖ours − Cleanba's‖ / ‖Cleanba's‖.", "",
                 "| alignment | our optimizer | loss | policy term | value term | entropy term | gradient | "
-                "step after 1 update | after the last | step norm, ours / Cleanba's (1st update) |",
+                "step after 1 update | after the last | step norm, ours ÷ Cleanba's, 1st update |",
                 "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
         for alignment, rows in parity["results"].items():
             for optimizer, r in rows.items():
@@ -344,7 +344,8 @@ def cleanba_section(cleanba: dict) -> list[str]:
                     f"{r[k]['relative_difference']:.1e}" for k in ("loss", "pg_loss", "v_loss", "ent_loss"))
                     + f" | {r['gradient_relative_difference']:.1e} | {first['step_relative_difference']:.1e} | "
                     f"{last['step_relative_difference']:.1e} ({steps[-1].split('_')[1]}) | "
-                    f"{first['step_norm_ours'] / first['step_norm_cleanba']:.3f} |")
+                    f"{first['step_norm_ours'] / first['step_norm_cleanba']:.3f} (after the last: "
+                    f"{last['step_norm_ours'] / last['step_norm_cleanba']:.3f}) |")
         out.append("")
     throughput = cleanba.get("throughput")
     if throughput:
