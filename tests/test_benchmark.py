@@ -404,3 +404,46 @@ def test_sac_step_counts_the_matmuls_of_a_step_and_the_report_shows_its_share_of
         "cores_busy": spread(1.8), "matmul_chain_gflop_per_s": spread(140.0)}}))
     text = report.report(tmp_path, tmp_path / "RESULTS.md", tmp_path / "img").read_text()
     assert "| 200 (200–200) | 125 | 1.80 | 140 | 0.90 |" in text
+
+
+def test_cleanba_parity_feeds_both_alignments_of_one_rollout():
+    """benchmark/cleanba.py gives Cleanba's IMPALA update the rollout in its actor's alignment (`native`: row t's
+    reward and done came with obs_t; mask = 1 - first step of an episode) or in ours (`aligned`: transition t
+    earns what came with obs_{t+1}, its discount is 0 when obs_{t+1} terminated, and the row of an episode's last
+    observation is masked). One env, 4 rows; obs_1 ends an episode with reward 1, obs_3 earns 1."""
+    import jax
+    import numpy as np
+
+    import cleanba
+    from sebulba.impala_envpool import Agent
+    from sebulba.rollouts import Rollout
+
+    agent = Agent(num_actions=2, channels=(), hiddens=(4,), atari=False)
+    params = agent.init(jax.random.PRNGKey(0), np.zeros((1, 3), np.float32))
+    col = lambda *values: np.array(values)[:, None]  # noqa: E731
+    rollout = Rollout(np.zeros((4, 1, 3), np.float32), col(0, 1, 0, 1).astype(np.int32), col(*[np.log(0.5)] * 4),
+                      col(0., 0, 0, 0), col(0., 1, 0, 1), col(False, True, False, False), col(False, False, False, False),
+                      col(0, 0, 0, 0), col(0., 0, 0, 0))
+    native = cleanba.cleanba_batch(None, agent, params, rollout, np.array([False]), aligned=False)
+    aligned = cleanba.cleanba_batch(None, agent, params, rollout, np.array([False]), aligned=True)
+    assert native["rewards"][:, 0].tolist() == [0, 1, 0, 1] and native["dones"][:, 0].tolist() == [0, 1, 0, 0]
+    assert native["firststeps"][:, 0].tolist() == [0, 0, 1, 0]  # obs_2 starts the next episode
+    assert aligned["rewards"][:, 0].tolist() == [1, 0, 1, 0] and aligned["dones"][:, 0].tolist() == [1, 0, 0, 0]
+    assert aligned["firststeps"][:, 0].tolist() == [0, 1, 0, 0]  # ours masks the transition out of obs_1
+    np.testing.assert_allclose(jax.nn.log_softmax(native["logitss"])[..., 0], np.log(0.5), atol=0.05)
+
+
+def test_cleanba_parity_maps_every_resnet_parameter_once():
+    import jax
+    import numpy as np
+
+    import cleanba
+    from sebulba.impala_envpool import Args, init_params, make_agent
+
+    agent, spec = make_agent(Args(env_id="Breakout-v5", atari_protocol="cleanba"))
+    params = init_params(agent, spec, jax.random.PRNGKey(0))
+    mapped = cleanba.cleanba_params(params)
+    assert len(mapped) == len(jax.tree.leaves(params))  # 3 stacks x (1 + 2 x 2) convs, a dense, 2 heads: x2 leaves
+    assert sum(x.size for x in mapped.values()) == sum(x.size for x in jax.tree.leaves(params))
+    assert mapped["network_params/params/ConvSequence_2/ResidualBlock_1/Conv_1/kernel"].shape == (3, 3, 32, 32)
+    assert mapped["actor_params/params/Dense_0/kernel"].shape == (256, 18)
