@@ -82,8 +82,7 @@ class Args(RunFlags):
     anneal_lr: bool = True
     """anneal the learning rate linearly to 0 over the run"""
     optimizer: Literal["rmsprop", "rmsprop-torch", "adam"] = "rmsprop"
-    """rmsprop (TF1's, the paper's code: decay 0.99, eps 0.01 inside the root, accumulators from 1), rmsprop-torch
-    (PyTorch's, TorchBeast's and Cleanba's: eps 0.01 outside the root, accumulators from 0) or adam (eps 1e-5)"""
+    """rmsprop (TF1's, the paper's code: eps inside the root, accumulators from 1), rmsprop-torch (PyTorch's, Cleanba's: eps outside, from 0), both decay 0.99 and eps 0.01; or adam (eps 1e-5)"""
     num_steps: int = 20
     """transitions per env in one rollout (the V-trace unroll length)"""
     gamma: float = 0.99
