@@ -280,7 +280,14 @@ class Run:
         finally:
             self.logger.close()
             self.checkpointer.close()
-            release_run_dirs()
+        try:
+            return self._finish(supervisor, setup, flags, start_time)
+        finally:
+            release_run_dirs()  # last: a relaunch of this run waits until summary.json is written
+
+    def _finish(self, supervisor: Supervisor, setup: Setup, flags: RunFlags, start_time: float) -> dict:
+        """The run's end after every thread has stopped: the first thread error raised, else the
+        summary completed, written to summary.json (process 0) and returned."""
         supervisor.raise_first_error(
             f" (process {setup.process_id} of {setup.num_processes}: if this is a failed collective, another process "
             "ended first; its output has the cause)" if setup.num_processes > 1 else "")

@@ -115,9 +115,14 @@ def test_a_normal_run_joins_every_thread_and_closes_every_pool(monkeypatch):
     real = sebulba.envs.make_envs
     for module in (sebulba.runtime, sebulba.evaluation):  # the actor threads' pools, the final evaluation's
         monkeypatch.setattr(module, "make_envs", lambda *a, **k: pools.append(real(*a, **k)) or pools[-1])
+    released = []  # the run directory is given up last: a relaunch never runs beside the summary being written
+    release = sebulba.runtime.release_run_dirs
+    monkeypatch.setattr(sebulba.runtime, "release_run_dirs",
+                        lambda: released.append(Path("runs/clean/summary.json").exists()) or release())
     summary = ppo.main(ppo.Args(env_id="CartPole-v1", local_num_envs=8, num_steps=16, hiddens=(16,),
                                 total_timesteps=8 * 16 * 2 * 3, run_name="clean"))
     assert summary["updates"] == 3 and "interrupted_by" not in summary
+    assert released == [True] and not Path("runs/clean.lock").exists()
     assert len(pools) == 3 and all(p.closed for p in pools)  # two actor threads' and the final evaluation's
     alive = [t.name for t in threading.enumerate() if t.name.startswith(("actor-", "learner", "evaluator"))]
     assert alive == []
