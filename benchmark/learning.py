@@ -80,11 +80,12 @@ GOTO_LOCAL = ["--env-id", "BabyAI-GoToLocal-v0", "--total-timesteps", "2000000",
 # steps (one run, stopped there). 1.5M env steps (6M frames) fit in ~90 minutes on 2 cores, of the 2M asked.
 # The same flags with --episodic-life (a training episode ends at each life loss, as in CleanRL's and
 # Cleanba's Atari scripts; returns still whole games), seed 1: last-20 mean 1.7 at 250k, 2.7 at 500k, 2.8 at
-# 750k, 2.9 at 880k env steps (entropy 2.73), below the run without it; stopped there, not recorded.
+# 750k, 2.9 at 880k env steps (entropy 2.73), below the run without it; stopped there, not recorded. TF1's RMSProp,
+# the script's default when these rows ran (now --optimizer rmsprop; the default is PyTorch's).
 BREAKOUT_IMPALA = ["--env-id", "Breakout-v5", "--atari-protocol", "cleanba", "--total-timesteps", "1500000",
                    "--num-actor-threads", "1",
                    "--local-num-envs", "32", "--num-steps", "20", "--atari-encoder", "nature", "--hiddens", "512",
-                   "--learning-rate", "4.8e-4", "--ent-coef", "6e-4"]
+                   "--learning-rate", "4.8e-4", "--ent-coef", "6e-4", "--optimizer", "rmsprop"]
 # On a 2-core AVX-512 EPYC (Zen 5, 2026-12-05) the same flags run at ~705 env steps/s (PPO, Nature CNN, 16 envs x
 # 64 steps, 4 x 4 minibatches: ~241), so 3M env steps (12M frames) fit in the 90 minutes there.
 BREAKOUT_IMPALA_3M = ["--env-id", "Breakout-v5", "--atari-protocol", "machado", "--total-timesteps", "3000000",
@@ -106,6 +107,7 @@ BREAKOUT_IMPALA_CLEANBA = ["--env-id", "Breakout-v5", "--atari-protocol", "clean
 # Cleanba's IMPALA on Breakout-v5, the mean of 3 seeds in its README's main_10CPU.png (an A100, 10 CPU cores), read off
 # the plot at 2M env steps (about 10 at 1M, 20 at 2M, 33 at 3M); its metric: the mean over envs of each env's latest game.
 CLEANBA_IMPALA_BREAKOUT = (20.0, None, "Cleanba cleanba_impala.py, its README's curve (3 seeds) read at 2M env steps")
+CLEANBA_IMPALA_BREAKOUT_CURVE = [(1_000_000, 10.0), (2_000_000, 20.0), (3_000_000, 33.0)]  # (env steps, return) read off
 # The same with TF1's RMSProp (the paper's code's; the script's default until this row): the optimizer's form alone.
 BREAKOUT_IMPALA_CLEANBA_TF1 = ["rmsprop" if flag == "rmsprop-torch" else flag for flag in BREAKOUT_IMPALA_CLEANBA]
 # The same with Cleanba's network, the IMPALA ResNet 16-32-32 + 256: ~5x the Nature CNN's work a frame, so 2M env steps

@@ -320,8 +320,30 @@ def gpu_section(gpu: dict) -> list[str]:
     return [*out, ""]
 
 
-def cleanba_section(cleanba: dict) -> list[str]:
+def cleanba_section(cleanba: dict, learn: dict | None, img: Path, rel: str) -> list[str]:
     out = ["## Beside Cleanba's IMPALA (`benchmark/cleanba.py`)", ""]
+    rows = {name: r for name, r in ((learn or {}).get("results") or {}).items()
+            if name.startswith("Breakout-v5/IMPALA/2M-cleanba")}
+    if rows:  # ours at Cleanba's settings, each optimizer, beside the points read off Cleanba's own curve
+        from learning import CLEANBA_IMPALA_BREAKOUT_CURVE
+        fig, ax = plt.subplots(figsize=(7, 3.6))
+        for name, r in rows.items():
+            for run in r["runs"]:
+                steps, returns = zip(*[(s, v) for s, v in run["curve"] if v is not None])
+                ax.plot(steps, returns, lw=1, label=f"ours, {name.split('/')[-1]} (seed {run['seed']})")
+        cleanba_steps, cleanba_returns = zip(*CLEANBA_IMPALA_BREAKOUT_CURVE)
+        ax.plot(cleanba_steps, cleanba_returns, "ko--", label="Cleanba cleanba_impala.py (its README's plot, 3 seeds)")
+        ax.set_xlabel("env steps")
+        ax.set_ylabel("return (mean of last 20 games)")
+        ax.set_title("Breakout-v5, IMPALA under Cleanba's protocol and hyperparameters")
+        ax.legend(fontsize=7)
+        save_fig(fig, img / "cleanba_impala_breakout.png")
+        out += ["Learning at Cleanba's settings (`benchmark/learning.py`'s `Breakout-v5/IMPALA/2M-cleanba*` rows: "
+                "`-cleanba` with PyTorch's RMSProp, as Cleanba; `-tf1-rmsprop` the same with TF1's) beside the points "
+                "read off Cleanba's own curve (its README's main_10CPU.png, the mean of 3 seeds on an A100 with 10 CPU "
+                "cores; its metric, each env's latest game averaged over envs). Cleanba's own run does not fit on "
+                "these cores (its throughput below).", "",
+                f"![Breakout-v5 IMPALA beside Cleanba]({rel}/cleanba_impala_breakout.png)", ""]
     parity = cleanba.get("parity")
     if parity:
         b = parity["batch"]
@@ -567,7 +589,7 @@ def report(results: Path, md: Path, img: Path) -> Path:
     if learn:
         lines += learning_section(learn, img, rel)
     if cleanba:
-        lines += cleanba_section(cleanba)
+        lines += cleanba_section(cleanba, learn, img, rel)
     if gpu:
         lines += gpu_section(gpu)
     if peers:

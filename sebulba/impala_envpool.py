@@ -70,7 +70,8 @@ from sebulba.threads import ParamsSlot, Stopped, Supervisor, Timer, timed_put
 
 @dataclass
 class Args(RunFlags):
-    """Sebulba IMPALA. Defaults: Atari (Breakout-v5), IMPALA's hyperparameters (Espeholt et al. 2018)."""
+    """Sebulba IMPALA. Defaults: Atari (Breakout-v5), IMPALA's hyperparameters (Espeholt et al. 2018) with
+    PyTorch's RMSProp, as Cleanba and TorchBeast run them (docs/impala_envpool.md: beside Cleanba)."""
 
     exp_name: str = "impala_envpool"
     """experiment name, part of the default run name"""
@@ -81,7 +82,7 @@ class Args(RunFlags):
     """optimizer learning rate"""
     anneal_lr: bool = True
     """anneal the learning rate linearly to 0 over the run"""
-    optimizer: Literal["rmsprop", "rmsprop-torch", "adam"] = "rmsprop"
+    optimizer: Literal["rmsprop", "rmsprop-torch", "adam"] = "rmsprop-torch"
     """rmsprop (TF1's, the paper's code: eps inside the root, accumulators from 1), rmsprop-torch (PyTorch's, Cleanba's: eps outside, from 0), both decay 0.99 and eps 0.01; or adam (eps 1e-5)"""
     num_steps: int = 20
     """transitions per env in one rollout (the V-trace unroll length)"""
