@@ -371,13 +371,15 @@ def cleanba_section(cleanba: dict, learn: dict | None, img: Path, rel: str) -> l
         out.append("")
     throughput = cleanba.get("throughput")
     if throughput:
-        m, sps = throughput["machine"], throughput["sps_lines"]
+        m, sps, trained = throughput["machine"], throughput["sps_lines"], throughput["training_time_s"]
+        learner = (f"its learner's `training time` per update of 2,560 env steps: "
+                   f"{', '.join(f'{t:.0f} s' for _, t in trained)}" if trained else
+                   f"no learner update finished in the {throughput['seconds']:.0f} s (its actors' `SPS:` lines, "
+                   f"{', '.join(map(str, sps)) or 'none'}, were printed while they filled their queues; then they "
+                   "waited for the learner)")
         out += [f"Cleanba's `{throughput['command']}` as its users run it (its defaults: Breakout-v5, 2 actor threads "
                 f"× 64 envs × 20 steps, 4 minibatches, actor and learner on device 0) on {m['cpu']}, {m['cores']} "
-                f"cores, stopped after {throughput['seconds']:.0f} s: its last `SPS:` line "
-                f"{sps[-1] if sps else 'never printed'} env steps/s; its learner's `training time` per update of "
-                f"2,560 env steps: {', '.join(f'{t:.0f} s' for _, t in throughput['training_time_s']) or 'none finished'}.",
-                ""]
+                f"cores, stopped after {throughput['seconds']:.0f} s: {learner}.", ""]
     return out
 
 
