@@ -110,8 +110,8 @@ CLEANBA_IMPALA_BREAKOUT = (20.0, None, "Cleanba cleanba_impala.py, its README's 
 CLEANBA_IMPALA_BREAKOUT_CURVE = [(1_000_000, 10.0), (2_000_000, 20.0), (3_000_000, 33.0)]  # (env steps, return) read off
 # The same with TF1's RMSProp (the paper's code's; the script's default until this row): the optimizer's form alone.
 BREAKOUT_IMPALA_CLEANBA_TF1 = ["rmsprop" if flag == "rmsprop-torch" else flag for flag in BREAKOUT_IMPALA_CLEANBA]
-# The same with Cleanba's network, the IMPALA ResNet 16-32-32 + 256: ~5x the Nature CNN's work a frame, so 2M env steps
-# take about 4 h here, over several sittings (it resumes).
+# The same with Cleanba's network, the IMPALA ResNet 16-32-32 + 256: ~5x the Nature CNN's work a frame; it ran at ~75
+# env steps/s on a 2-core Xeon (about 7.5 h for 2M env steps), so over several sittings (it resumes).
 BREAKOUT_IMPALA_CLEANBA_RESNET = [*BREAKOUT_IMPALA_CLEANBA[:BREAKOUT_IMPALA_CLEANBA.index("--atari-encoder")],
                                   "--atari-encoder", "impala", "--channels", "16", "32", "32", "--hiddens", "256",
                                   *BREAKOUT_IMPALA_CLEANBA[BREAKOUT_IMPALA_CLEANBA.index("--optimizer"):]]
