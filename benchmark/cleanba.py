@@ -96,8 +96,7 @@ def collect_rollout(seed: int = 1, rollouts_run: int = 16):
     from sebulba.rollouts import RolloutAssembler, obs_storage
 
     args = Args(env_id="Breakout-v5", atari_protocol="cleanba", local_num_envs=NUM_ENVS, num_steps=NUM_STEPS,
-                anneal_lr=False, **{k: v for k, v in SETTINGS.items() if k != "max_grad_norm"},
-                max_grad_norm=SETTINGS["max_grad_norm"])
+                anneal_lr=False, **SETTINGS)
     agent, spec = make_agent(args)
     params = init_params(agent, spec, jax.random.PRNGKey(seed))
     policy, key = make_policy_fn(agent, spec.action_space), jax.random.PRNGKey(seed + 1)
@@ -154,7 +153,7 @@ def ours_side(args, agent, params, rollout, updates: int, optimizer: str):
         return impala_loss(p, lambda q, obs: agent.apply(q, obs), rollout, args)
 
     grad_fn = jax.jit(jax.value_and_grad(loss_fn, has_aux=True))
-    (loss, metrics), grads = grad_fn(params, batch)
+    (loss, metrics), grads = grad_fn(params, batch)  # at the initial params: the loss terms and the first step
     count = float(mask.sum())
     out = dict(loss=loss, pg_loss=metrics["policy_loss"] * count, v_loss=metrics["value_loss"] * count,
                ent_loss=-metrics["entropy"] * count, grad_norm=optax.global_norm(grads))
@@ -162,14 +161,15 @@ def ours_side(args, agent, params, rollout, updates: int, optimizer: str):
     tx = optax.chain(optax.clip_by_global_norm(args.max_grad_norm), OPTIMIZERS[optimizer](args.learning_rate))
     state = tx.init(params)
     for i in range(updates):
-        _, grads = grad_fn(params, batch)
         step, state = tx.update(grads, state, params)
         params = optax.apply_updates(params, step)
         out.update({f"params{i + 1}/{k}": v for k, v in cleanba_params(params).items()})
+        if i + 1 < updates:
+            _, grads = grad_fn(params, batch)
     return {k: np.asarray(v) for k, v in out.items()}
 
 
-def cleanba_batch(args, agent, params, rollout, before, aligned: bool) -> dict:
+def cleanba_batch(agent, params, rollout, before, aligned: bool) -> dict:
     """The rollout as Cleanba's Transition fields ([T+1, N]); see the module docstring for the two alignments."""
     import numpy as np
     logits = np.asarray(agent.apply(params, rollout.obs.reshape((-1,) + rollout.obs.shape[2:]))[0])
@@ -231,8 +231,8 @@ def parity(checkout: Path):
     with tempfile.TemporaryDirectory() as tmp:
         for alignment in ("aligned", "native"):
             inputs, outputs = Path(tmp) / f"{alignment}-in.npz", Path(tmp) / f"{alignment}-out.npz"
-            np.savez(inputs, **cleanba_params(params), **cleanba_batch(args, agent, params, rollout, before,
-                                                                         alignment == "aligned"),
+            np.savez(inputs, **cleanba_params(params),
+                     **cleanba_batch(agent, params, rollout, before, alignment == "aligned"),
                      **SETTINGS, updates=UPDATES if alignment == "aligned" else 1)
             subprocess.run([str(VENV_PYTHON), str(ROOT / "benchmark" / "cleanba_side.py"), str(checkout), str(inputs),
                             str(outputs)], check=True, env={**os.environ, "JAX_PLATFORMS": "cpu"})

@@ -424,8 +424,8 @@ def test_cleanba_parity_feeds_both_alignments_of_one_rollout():
     rollout = Rollout(np.zeros((4, 1, 3), np.float32), col(0, 1, 0, 1).astype(np.int32), col(*[np.log(0.5)] * 4),
                       col(0., 0, 0, 0), col(0., 1, 0, 1), col(False, True, False, False), col(False, False, False, False),
                       col(0, 0, 0, 0), col(0., 0, 0, 0))
-    native = cleanba.cleanba_batch(None, agent, params, rollout, np.array([False]), aligned=False)
-    aligned = cleanba.cleanba_batch(None, agent, params, rollout, np.array([False]), aligned=True)
+    native = cleanba.cleanba_batch(agent, params, rollout, np.array([False]), aligned=False)
+    aligned = cleanba.cleanba_batch(agent, params, rollout, np.array([False]), aligned=True)
     assert native["rewards"][:, 0].tolist() == [0, 1, 0, 1] and native["dones"][:, 0].tolist() == [0, 1, 0, 0]
     assert native["firststeps"][:, 0].tolist() == [0, 0, 1, 0]  # obs_2 starts the next episode
     assert aligned["rewards"][:, 0].tolist() == [1, 0, 1, 0] and aligned["dones"][:, 0].tolist() == [1, 0, 0, 0]
@@ -435,7 +435,6 @@ def test_cleanba_parity_feeds_both_alignments_of_one_rollout():
 
 def test_cleanba_parity_maps_every_resnet_parameter_once():
     import jax
-    import numpy as np
 
     import cleanba
     from sebulba.impala_envpool import Args, init_params, make_agent
@@ -447,3 +446,29 @@ def test_cleanba_parity_maps_every_resnet_parameter_once():
     assert sum(x.size for x in mapped.values()) == sum(x.size for x in jax.tree.leaves(params))
     assert mapped["network_params/params/ConvSequence_2/ResidualBlock_1/Conv_1/kernel"].shape == (3, 3, 32, 32)
     assert mapped["actor_params/params/Dense_0/kernel"].shape == (256, 18)
+
+
+def test_the_impala_breakout_figures_quoted_in_readme_and_docs_are_the_recorded_ones():
+    """README's row and docs/impala_envpool.md quote the Breakout rows under Cleanba's settings and the parity
+    check; each figure is recomputed here from benchmark/results (learning.json, cleanba.json)."""
+    root = Path(__file__).resolve().parents[1]
+    learned = json.loads((root / "benchmark/results/learning.json").read_text())["results"]
+    parity = json.loads((root / "benchmark/results/cleanba.json").read_text())["parity"]["results"]
+    readme, docs = (root / "README.md").read_text(), " ".join((root / "docs/impala_envpool.md").read_text().split())
+    torch, tf1 = (learned[f"Breakout-v5/IMPALA/2M-cleanba{s}"]["runs"][0] for s in ("", "-tf1-rmsprop"))
+    curve = {name: [(s, v) for s, v in run["curve"] if v is not None] for name, run in (("torch", torch), ("tf1", tf1))}
+    early = [v for s, v in curve["torch"] if 300_000 <= s <= 1_000_000]
+    assert (f"last-20 mean {torch['end_return']:.1f} at 2M env steps, final evaluation {torch['final_eval']:.1f}"
+            in readme)
+    assert f"({torch['wall_s']:,.0f} s)" in docs
+    assert f"between {min(early):.1f} and {max(early):.1f} from 300k to 1M env steps" in docs
+    assert f"to {torch['end_return']:.1f} at 2M (final evaluation {torch['final_eval']:.1f} ± " \
+           f"{torch['final_eval_std']:.1f} over 10 games)" in docs
+    assert f"rose above {max(v for s, v in curve['tf1'] if s >= 300_000):.1f} from 300k to 1.3M" in docs
+    assert f"ending at {tf1['end_return']:.1f} (final evaluation {tf1['final_eval']:.1f})" in docs
+    assert f"reached {max(v for s, v in curve['torch'] if 1_000_000 < s <= 1_300_000):.1f} between 1M and 1.3M" in docs
+    steps = parity["aligned"]["rmsprop-torch"]
+    assert (f"{steps['after_1']['step_relative_difference']:.0e} apart after one update, growing to "
+            f"{steps['after_5']['step_relative_difference']:.0e} after five").replace("e-0", "e-") in docs
+    native = parity["native"]["rmsprop-torch"]["gradient_relative_difference"]
+    assert f"its loss terms and gradient differ from ours by about {100 * native:.0f} %" in docs
