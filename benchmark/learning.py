@@ -194,6 +194,10 @@ TASKS = {
                              "every seed reaches ≥ 475"),
     "CartPole-v1/PQN/500k-cleanrl": ("pqn_envpool.py", PQN_CARTPOLE_CLEANRL, 5, (495.1, 6.9, "CleanRL pqn.py"),
                                      "every seed reaches ≥ 475"),
+    # The preset with exact Q(λ) bootstraps: at the default --max-policy-lag 1 they come from params up to one update
+    # older than the learner's (a target network refreshed every update); at 0 from the learner's own.
+    "CartPole-v1/PQN/500k-lag0": ("pqn_envpool.py", [*PQN_CARTPOLE, "--max-policy-lag", "0"], 5,
+                                  (495.1, 6.9, "CleanRL pqn.py"), "every seed reaches ≥ 475"),
     "MiniGrid-MemoryS7-v0/PPO-LSTM/4M": ("ppo_lstm_envpool.py", [*MEMORY_S7, "--ent-coef", "0.03", "--lstm-size", "128"],
                                          3, None, "every seed's final success rate ≥ 0.9"),
     "MiniGrid-MemoryS7-v0/PPO/4M": ("ppo_envpool.py", [*MEMORY_S7, "--ent-coef", "0.01"], 3, None,
