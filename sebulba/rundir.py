@@ -16,7 +16,7 @@ import sys
 import time
 from pathlib import Path
 
-from sebulba.config import RunFlags, script_flags
+from sebulba.config import ConfigError, RunFlags, script_flags
 
 
 def script_args(flags: RunFlags) -> dict:
@@ -32,7 +32,10 @@ def run_dir_owner(run_dir: Path) -> str | None:
     """Take runs/<run name>.lock (an exclusive `flock`), so that one process at a time runs in
     `run_dir`: None when this process now owns it, else who does ("process 123 on host n1
     since ..."). The kernel drops the lock when the owner ends, killed (SIGKILL) or not, so a
-    crashed run resumes unrefused; `release_run_dirs` removes the file when the run ends."""
+    crashed run resumes unrefused; `release_run_dirs` removes the file when the run ends.
+
+    Raises:
+      ConfigError: the lock file's filesystem does not lock (flock fails other than "held")."""
     lock = run_dir.with_name(run_dir.name + ".lock")
     if any(owned == lock for _, owned in _owned):  # this process's already (a script's main called again)
         return None
@@ -45,6 +48,14 @@ def run_dir_owner(run_dir: Path) -> str | None:
             holder = os.pread(fd, 4096, 0).decode(errors="replace").strip() or "another process"
             os.close(fd)
             return holder
+        except OSError as error:  # ENOSYS: Lustre mounted without flock; ENOLCK: NFS without its lock service
+            os.close(fd)
+            with contextlib.suppress(OSError):  # a file no process can lock guards nothing
+                lock.unlink()
+            raise ConfigError(f"{lock.parent}/ is on a filesystem that cannot be locked ({error.strerror}), so two "
+                              f"launches of one run could write {run_dir.name}/ together: launch from a directory on a "
+                              "filesystem with locks (local disk; Lustre mounted with -o flock; NFS with its lock "
+                              "service)") from error
         if lock.exists() and os.fstat(fd).st_ino == os.stat(lock).st_ino:  # not a file its last owner removed
             break
         os.close(fd)

@@ -266,6 +266,21 @@ def test_one_process_owns_a_run_directory_and_a_killed_owner_does_not_block_the_
                                           "training 512 env steps (4 updates)"), out.stdout  # said up front
 
 
+def test_a_filesystem_without_locks_is_refused_in_one_line():
+    """Lustre mounted without flock answers flock with ENOSYS: one line saying the run directory's
+    filesystem cannot be locked and what to do, exit 2, nothing written."""
+    patch = ("import errno, fcntl\n"
+             "def no_locks(*_):\n    raise OSError(errno.ENOSYS, 'Function not implemented')\n"
+             "fcntl.flock = no_locks")
+    out, _ = run_cli([*SMALL["ppo_envpool"], "--total-timesteps", "600", "--run-name", "unlockable"], patch)
+    assert out.returncode == 2 and "Traceback" not in out.stderr, out.stderr
+    assert out.stderr.strip().splitlines() == [
+        "error: runs/ is on a filesystem that cannot be locked (Function not implemented), so two launches of one run "
+        "could write unlockable/ together: launch from a directory on a filesystem with locks (local disk; Lustre "
+        "mounted with -o flock; NFS with its lock service)"], out.stderr
+    assert not Path("runs/unlockable").exists() and not Path("runs/unlockable.lock").exists()
+
+
 def test_no_metric_is_dropped_after_resuming_from_an_older_checkpoint():
     """A run logs every update, checkpoints every 4 and is killed (SIGKILL) after logging update 6
     or later; the same command resumes from update 4. TensorBoard then holds every update once,
