@@ -318,6 +318,7 @@ class Setup:
     norm_reward: bool = False
     read_mission: bool = False  # --read-mission resolved (None: on where the task's mission varies)
     episodic_life: bool = False  # --episodic-life resolved (None: the --atari-protocol's; never outside Atari)
+    atari_protocol: str | None = None  # --atari-protocol where it applies (Atari); None: the task is not Atari
 
 
 def check_wandb_login():
@@ -411,4 +412,5 @@ def resolve_run(flags: RunFlags, num_steps: int, cluster: Cluster = Cluster()) -
         norm_reward=norm_reward,
         read_mission=reads_mission(flags.env_id, flags.read_mission),
         episodic_life=resolve_episodic_life(flags.env_id, flags.atari_protocol, flags.episodic_life),
+        atari_protocol=flags.atari_protocol if is_atari(flags.env_id) else None,
     )

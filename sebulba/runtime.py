@@ -351,6 +351,9 @@ def run_cli(args_type: type, main, argv: list[str] | None = None) -> int:
     except BrokenPipeError:  # `--help | head`: the reader has gone; end as a pipeline's writer does, quietly
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # (Python flushes stdout again at exit)
         return 0
+    if (misplaced := atari_only_flag(args.env_id, sys.argv[1:] if argv is None else argv)) is not None:
+        print(f"error: {misplaced}", file=sys.stderr)
+        return 2
     # EnvPool's specs build gymnasium Boxes from float64 bounds; the cast warning is noise.
     warnings.filterwarnings("ignore", message=".*precision lowered by casting to float32", category=UserWarning)
     try:
@@ -379,6 +382,21 @@ FLAG_HINTS = {"--num-envs": "--local-num-envs (envs per actor thread)", "--gym-i
               "--policy-lr": "--learning-rate", "--q-lr": "--learning-rate", "--lr": "--learning-rate"}  # SAC's names in the on-policy scripts
 
 
+ATARI_ONLY_FLAGS = ("--atari-protocol", "--episodic-life")
+
+
+def atari_only_flag(env_id: str, argv: list[str]) -> str | None:
+    """One line for an Atari flag typed on a task that is not Atari, where it would change
+    nothing (config.json's "derived" records atari_protocol null there); None when there is none."""
+    given = [name for token in argv if (name := token.split("=", 1)[0].replace("_", "-")) in ATARI_ONLY_FLAGS]
+    try:
+        if not given or is_atari(env_id):
+            return None
+    except KeyError:  # not an EnvPool id: resolve_run names it, with the ids meant
+        return None
+    return f"{given[0]} is for Atari tasks (*-v5); {env_id} has no Atari settings: drop the flag"
+
+
 def unknown_flag(args_type: type, argv: list[str]) -> str | None:
     """One line for the first command-line flag that `args_type` does not have, naming what the
     user most likely meant: the script's own hint (`Args.flag_hints`, e.g. SAC's two learning
@@ -386,9 +404,8 @@ def unknown_flag(args_type: type, argv: list[str]) -> str | None:
     for a switch given a separate value (`--anneal-lr False`, argparse-era CleanRL's spelling),
     how to write it. None when every flag is known (tyro then parses, and answers anything else)."""
     names, types = script_flags(args_type), typing.get_type_hints(args_type)
-    switches = [n for n in names if types[n] is bool or bool in typing.get_args(types[n])]  # tyro adds --no-<flag>
-    known = {"--help", *(flag(n) for n in names), *(f"--no-{flag(n)[2:]}" for n in switches)}
-    pure = {flag(n) for n in names if types[n] is bool}  # take no value (a bool | None flag takes one)
+    pure = {flag(n) for n in names if types[n] is bool}  # switches: tyro adds --no-<flag> (a bool | None flag takes a value)
+    known = {"--help", *(flag(n) for n in names), *(f"--no-{name[2:]}" for name in pure)}
     hints = {**FLAG_HINTS, **getattr(args_type, "flag_hints", {})}
     for i, token in enumerate(argv):
         name = token.split("=", 1)[0].replace("_", "-")

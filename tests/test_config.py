@@ -194,6 +194,23 @@ def test_cli_wrong_flag_and_bad_value_exit_nonzero_with_one_clear_line():
     assert stderr.strip().splitlines()[-1] == "error: --local-num-envs=6 is not divisible by 4 learner devices; use 4 or 8"
 
 
+@pytest.mark.parametrize("module, given", [(pqn, ["--atari-protocol", "machado"]), (ppo, ["--atari_protocol=cleanrl"]),
+                                           (impala, ["--episodic-life", "False"]),
+                                           (ppo_lstm, ["--episodic-life=True"])])
+def test_an_atari_flag_on_a_task_that_is_not_atari_is_refused(module, given):
+    """--atari-protocol and --episodic-life change nothing outside Atari: typed there, one line, exit 2."""
+    code, _, stderr = cli(module, "--env-id", "CartPole-v1", *given)
+    name = given[0].split("=")[0].replace("_", "-")
+    assert code == 2 and stderr.strip().splitlines() == [
+        f"error: {name} is for Atari tasks (*-v5); CartPole-v1 has no Atari settings: drop the flag"], stderr
+
+
+def test_config_json_records_that_the_atari_protocol_does_not_apply():
+    assert resolve_run(RunFlags(env_id="CartPole-v1", local_num_envs=8), 16).atari_protocol is None
+    assert resolve_run(RunFlags(env_id="Pong-v5", local_num_envs=8, atari_protocol="machado"), 16).atari_protocol == (
+        "machado")
+
+
 @pytest.mark.parametrize("module, given, meant", [
     (sac, "--learning-rate", "--policy-lr (the actor's) and --q-lr (the critics' and the temperature's)"),
     (sac, "--learnin-starts", "--learning-starts"), (ppo, "--num-envs", "--local-num-envs (envs per actor thread)"),
@@ -215,6 +232,8 @@ def test_every_spelling_of_a_real_flag_passes_the_unknown_flag_check():
     assert unknown_flag(pqn.Args, ["--norm-reward", "True"]) is not None  # nor of PQN's
     assert unknown_flag(ppo.Args, ["--no-seed"]) is not None  # --no- only for switches
     assert unknown_flag(ppo.Args, ["--read-mission", "False"]) is None  # bool | None: takes a value
+    assert unknown_flag(ppo.Args, ["--no-read-mission"]) == (  # and has no --no- form
+        "ppo_envpool.py has no flag --no-read-mission; did you mean --read-mission or --norm-reward? (--help lists them)")
 
 
 def test_a_switch_given_a_value_says_how_to_write_it():
