@@ -1,6 +1,7 @@
 """Rollout assembly per env id, episode accounting and masking (envpool#259, #312, #299, envpool PR#53,
 cleanrl#562)."""
 
+import importlib
 import queue
 import threading
 import time
@@ -121,18 +122,22 @@ def test_envs_running_ahead_write_into_the_next_rollout():
     np.testing.assert_array_equal(second.obs[:, 1, 0], [12, 13, 14])
 
 
+@pytest.mark.parametrize("script", ["ppo_envpool", "impala_envpool"])
 @pytest.mark.parametrize("max_policy_lag", [0, 1, 2])
-def test_policy_lag_stays_within_the_bound_and_zero_means_synchronous(max_policy_lag):
-    """The real actor loop against a learner thread that publishes version u + 1 after taking
-    rollout u: the lag of every transition (u - version that chose it) obeys the bound; with 0
-    the actor steps no env for rollout g until version g exists; every recorded action is the
-    one the env received."""
+def test_policy_lag_stays_within_the_bound_and_zero_means_synchronous(max_policy_lag, script):
+    """The real actor loop against a learner thread that publishes version u + 1 (params of its
+    own) after taking rollout u: the lag of every transition (u - version that chose it) obeys
+    the bound; with 0 the actor steps no env for rollout g until version g exists; every
+    recorded action is the one the env received, and every recorded log-probability and value
+    the one of the params version its row records (with 0, row 0 chosen again: `restart_rows`)."""
+    module = importlib.import_module(f"sebulba.{script}")
     num_envs, num_steps, num_rollouts = 2, 3, 4
     pool = ScriptedPool([[0, 1]] * 100, num_envs)
     agent = Agent(num_actions=3, channels=(), hiddens=(8,), atari=False)
-    device = jax.devices()[0]
+    device, moments = jax.devices()[0], RunningMoments.create(())
+    versions = [agent.init(jax.random.PRNGKey(v), jnp.zeros((1, 3))) for v in range(num_rollouts + 1)]
     slot = ParamsSlot()
-    slot.publish(0, {device: (agent.init(jax.random.PRNGKey(0), jnp.zeros((1, 3))), RunningMoments.create(()))})
+    slot.publish(0, {device: (versions[0], moments)})
     rollouts: queue.Queue = queue.Queue(maxsize=1)
     lags, recvs_at_publish, taken = [], [], []
 
@@ -143,25 +148,33 @@ def test_policy_lag_stays_within_the_bound_and_zero_means_synchronous(max_policy
             lags.append(update - rollout.versions[:-1])
             time.sleep(0.05)  # an update takes time; a synchronous actor must wait it out
             recvs_at_publish.append(pool.calls)
-            slot.publish(update + 1, slot.wait(0, threading.Event(), 1, "test")[1])
+            slot.publish(update + 1, {device: (versions[update + 1], moments)})
 
     thread = threading.Thread(target=learner)
     thread.start()
     assembler = RolloutAssembler(num_envs, num_steps, (3,), np.float32, clip_rewards=False, episodic_life=False)
-    run_actor(pool, make_policy_fn(agent), device, jax.random.PRNGKey(1), slot, rollouts, assembler, num_rollouts,
-              Args(stall_timeout_s=5, max_policy_lag=max_policy_lag), num_envs, threading.Event(), "actor")
+    module.run_actor(pool, make_policy_fn(agent), device, jax.random.PRNGKey(1), slot, rollouts, assembler,
+                     num_rollouts, module.Args(stall_timeout_s=5, max_policy_lag=max_policy_lag), num_envs,
+                     threading.Event(), "actor")
     thread.join(timeout=10)
     lags = np.stack(lags)  # [update, step, env]
     assert lags.max() <= max_policy_lag
     for g, rollout in enumerate(taken):  # rows 0..T-1 of rollout g are the env's actions g*T .. g*T+T-1
         for e in range(num_envs):
             np.testing.assert_array_equal(rollout.actions[:-1, e], pool.actions_received[e][g * num_steps:][:num_steps])
+            for t in range(num_steps + 1):
+                logits, value = agent.apply(versions[rollout.versions[t, e]], rollout.obs[t, e][None], moments)
+                np.testing.assert_allclose(rollout.logprobs[t, e],
+                                           jax.nn.log_softmax(logits)[0, rollout.actions[t, e]], atol=1e-5)
+                if script == "ppo_envpool":  # IMPALA's learner recomputes the values; its actor records none
+                    np.testing.assert_allclose(rollout.values[t, e], value[0], atol=1e-5)
     if max_policy_lag == 0:
         # Row 0's action is chosen again once the update of the rollout it ends is published, as a
         # synchronous loop does: rollout g takes recvs g*T+1 .. (g+1)*T+1, and during update g no
         # action is in flight (the actor waits before its send).
         assert (lags == 0).all()
         assert recvs_at_publish[:-1] == [(g + 1) * num_steps + 1 for g in range(num_rollouts - 1)]
+        assert all((rollout.versions[0] == g).all() for g, rollout in enumerate(taken))
 
 
 def test_deterministic_env_segments_restart_at_every_checkpoint_interval():

@@ -148,6 +148,105 @@ def test_the_q_networks_have_a_layer_norm_after_every_hidden_layer():
     np.testing.assert_allclose(normed.std(axis=-1), 1, atol=1e-2)
 
 
+def test_layer_norm_comes_before_the_relu():
+    """CleanRL's pqn.py: Linear, LayerNorm, ReLU. By hand from the params: each hidden layer is
+    relu(LayerNorm(x W + b)), which is non-negative; LayerNorm after the ReLU would not be."""
+    mlp = pqn.QNetwork(num_actions=2, hiddens=(16, 8), atari=False)
+    params = mlp.init(jax.random.PRNGKey(0), jnp.zeros((2, 4)))["params"]
+    obs = jax.random.normal(jax.random.PRNGKey(1), (5, 4)) * 3
+    x = np.asarray(obs, np.float64)
+    for i in range(2):
+        dense, norm = params["LayerNormMLP_0"][f"Dense_{i}"], params["LayerNormMLP_0"][f"LayerNorm_{i}"]
+        h = x @ np.asarray(dense["kernel"], np.float64) + np.asarray(dense["bias"])
+        h = (h - h.mean(-1, keepdims=True)) / np.sqrt(h.var(-1, keepdims=True) + 1e-5)
+        x = np.maximum(h * np.asarray(norm["scale"]) + np.asarray(norm["bias"]), 0)
+    head = params["Dense_0"]
+    np.testing.assert_allclose(mlp.apply({"params": params}, obs), x @ np.asarray(head["kernel"]) + head["bias"],
+                               rtol=1e-4, atol=1e-4)
+    atari = pqn.QNetwork(num_actions=4, hiddens=(32,), atari=True)
+    frames = jax.random.randint(jax.random.PRNGKey(2), (2, 4, 84, 84), 0, 256).astype(jnp.uint8)
+    variables = atari.init(jax.random.PRNGKey(0), frames)
+    _, inter = atari.apply(variables, frames, capture_intermediates=True)
+    layers = inter["intermediates"]["NatureEncoder_0"]
+    for layer, norm in (("Conv_0", "LayerNorm_0"), ("Conv_1", "LayerNorm_1"), ("Conv_2", "LayerNorm_2"),
+                        ("Dense_0", "LayerNorm_3")):  # each LayerNorm normalises its layer's raw output (scale 1 at init)
+        h = np.asarray(layers[layer]["__call__"][0], np.float64).reshape(2, -1)
+        normed = (h - h.mean(-1, keepdims=True)) / np.sqrt(h.var(-1, keepdims=True) + 1e-5)
+        np.testing.assert_allclose(np.asarray(layers[norm]["__call__"][0]).reshape(2, -1), normed, atol=1e-3)
+    assert float(layers["__call__"][0].min()) == 0.0  # and the ReLU comes last
+
+
+def test_the_optimizer_clips_the_gradient_then_takes_radams_first_step():
+    """RAdam's first steps (variance rectification not yet tractable, rho_t <= 5) are
+    bias-corrected momentum SGD: the step is -lr x the clipped gradient. Adam's first step would
+    be -lr x sign(g); without the clip, -lr x g."""
+    args = pqn.Args(env_id="CartPole-v1", local_num_envs=8, num_steps=16, num_minibatches=2, total_timesteps=8 * 16 * 4,
+                    learning_rate=0.01, max_grad_norm=10.0, anneal_lr=False)
+    setup = pqn.resolve(args)
+    device = jax.devices()[0]
+    params = {"w": jnp.array([1.0, 2.0, 3.0])}
+    state, _ = pqn.make_train_state(args, setup, params, Placement([device], [device]))
+    grad = np.array([30.0, -40.0, 0.0])  # norm 50: clipped to norm 10
+    stepped = state.apply_gradients(grads={"w": jnp.asarray(grad, jnp.float32)})
+    np.testing.assert_allclose(stepped.params["w"], [1.0 - 0.01 * 6.0, 2.0 + 0.01 * 8.0, 3.0], rtol=1e-6)
+
+
+@pytest.mark.parametrize("max_policy_lag", [0, 1])
+def test_the_actor_records_each_row_with_the_params_and_epsilon_that_chose_it(max_policy_lag):
+    """PQN's actor against a learner thread that publishes version u + 1 (params of its own)
+    after taking rollout u, ε falling 1 -> 0 over 4 versions: every row's recorded value is
+    max_a Q of the params version it records, its log-probability the ε-greedy one at that
+    version's ε, its action the one the env received, and its lag within the bound. With 0, the
+    first actions of each rollout are chosen again with the new params (`restart_rows`)."""
+    from fake_envpool import ScriptedPool
+    from types import SimpleNamespace
+    import queue
+    import threading
+    from sebulba.networks import RunningMoments, make_epsilon_greedy_fn
+    from sebulba.rollouts import RolloutAssembler
+    from sebulba.threads import ParamsSlot
+
+    num_envs, num_steps, num_rollouts, num_actions = 2, 3, 4, 3
+    pool = ScriptedPool([[0, 1]] * 100, num_envs)
+    agent = pqn.QNetwork(num_actions=num_actions, hiddens=(8,), atari=False)
+    device = jax.devices()[0]
+    versions = [agent.init(jax.random.PRNGKey(v), jnp.zeros((1, 3))) for v in range(num_rollouts + 1)]
+    slot = ParamsSlot()
+    slot.publish(0, {device: (versions[0], RunningMoments.create(()))})
+    rollouts, taken = queue.Queue(maxsize=1), []
+
+    def learner():
+        for update in range(num_rollouts):
+            taken.append(rollouts.get(timeout=10)[0])
+            slot.publish(update + 1, {device: (versions[update + 1], RunningMoments.create(()))})
+
+    thread = threading.Thread(target=learner)
+    thread.start()
+    assembler = RolloutAssembler(num_envs, num_steps, (3,), np.float32, clip_rewards=False, episodic_life=False)
+    args = pqn.Args(env_id="CartPole-v1", stall_timeout_s=5, max_policy_lag=max_policy_lag, start_e=1.0, end_e=0.0)
+    pqn.run_actor(pool, make_epsilon_greedy_fn(agent), device, jax.random.PRNGKey(1), slot, rollouts, assembler,
+                  num_rollouts, args, SimpleNamespace(decay_updates=4, async_batch_size=num_envs), threading.Event(),
+                  "actor")
+    thread.join(timeout=10)
+    assert len(taken) == num_rollouts
+    restarted = 0
+    for g, rollout in enumerate(taken):
+        assert (g - rollout.versions[:-1] <= max_policy_lag).all()
+        for e in range(num_envs):
+            np.testing.assert_array_equal(rollout.actions[:-1, e], pool.actions_received[e][g * num_steps:][:num_steps])
+        for t in range(num_steps + 1):
+            v = rollout.versions[t]
+            q = np.stack([np.asarray(agent.apply(versions[v[e]], rollout.obs[t, e][None]))[0] for e in range(num_envs)])
+            np.testing.assert_allclose(rollout.values[t], q.max(-1), rtol=1e-5)
+            epsilon = 1.0 - np.minimum(v / 4, 1.0)
+            greedy = rollout.actions[t] == q.argmax(-1)
+            np.testing.assert_allclose(np.exp(rollout.logprobs[t]), epsilon / num_actions + (1 - epsilon) * greedy,
+                                       rtol=1e-5)
+        if g:  # row 0 is the last rollout's row T, chosen again when the lag bound needed newer params
+            restarted += int((rollout.versions[0] != taken[g - 1].versions[-1]).sum())
+    assert (restarted > 0) == (max_policy_lag == 0)
+
+
 def test_the_greedy_evaluation_policy_takes_the_argmax_and_the_other_the_final_epsilon():
     agent = pqn.QNetwork(num_actions=3, hiddens=(8,), atari=False, eval_epsilon=0.5)
     params = agent.init(jax.random.PRNGKey(0), jnp.zeros((1, 4)))
