@@ -3,6 +3,7 @@ work-conserving limit, flag translation, and a report rendered from a small resu
 Speeds themselves are measured by benchmark/run.py, never asserted here."""
 
 import json
+import statistics
 import sys
 from pathlib import Path
 
@@ -472,3 +473,31 @@ def test_the_impala_breakout_figures_quoted_in_readme_and_docs_are_the_recorded_
             f"{steps['after_5']['step_relative_difference']:.0e} after five").replace("e-0", "e-") in docs
     native = parity["native"]["rmsprop-torch"]["gradient_relative_difference"]
     assert f"its loss terms and gradient differ from ours by about {100 * native:.0f} %" in docs
+
+
+def test_the_pqn_cartpole_figures_quoted_in_readme_and_docs_are_the_recorded_ones():
+    """README's PQN row, docs/pqn_envpool.md's sentences on the CartPole preset at --max-policy-lag 1 and 0 and
+    benchmarks.md's summary, recomputed from benchmark/results/learning.json."""
+    root = Path(__file__).resolve().parents[1]
+    learned = json.loads((root / "benchmark/results/learning.json").read_text())["results"]
+    docs = " ".join((root / "docs/pqn_envpool.md").read_text().split())
+    means, reached = {}, {}
+    for lag, suffix in ((1, ""), (0, "-lag0"), (None, "-cleanrl")):
+        runs = learned[f"CartPole-v1/PQN/500k{suffix}"]["runs"]
+        ends, evals = [run["end_return"] for run in runs], [run["final_eval"] for run in runs]
+        means[suffix] = f"{statistics.mean(ends):.1f} ± {statistics.pstdev(ends):.1f}"
+        if lag is None:
+            continue
+        curves = [[(s, v) for s, v in run["curve"] if v is not None] for run in runs]
+        first = [next(s for s, v in c if v >= 500) for c in curves]
+        low = [min(v for s, v in c if s > f) for c, f in zip(curves, first)]
+        assert max(low) < 500  # "every seed dipped", "every run at either lag fell"
+        reached[suffix] = f"first at {min(first) / 1000:.0f}k to {max(first) / 1000:.0f}k env steps"
+        assert (f"At {lag}: {reached[suffix]}, the lowest last-20 mean after that {min(low):.0f} to {max(low):.0f}; "
+                f"end of run {means[suffix]} (lowest seed {min(ends):.1f}), final evaluations "
+                f"{statistics.mean(evals):.1f} ± {statistics.pstdev(evals):.1f}; "
+                f"{statistics.median(run['wall_s'] for run in runs):.0f} s a run (median).") in docs, lag
+    phrase = (f"end-of-run means {means['']} (the preset), {means['-lag0']} (the preset at `--max-policy-lag 0`) "
+              f"and {means['-cleanrl']} (CleanRL's sizes)")
+    assert phrase in docs and phrase in " ".join((root / "docs/benchmarks.md").read_text().split())
+    assert f"500 ({reached['']}), end of run {means['']}; every seed dipped" in (root / "README.md").read_text()
