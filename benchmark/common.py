@@ -210,7 +210,8 @@ class CpuSampler(PeriodicSampler):
 
 def run_script(script: str, flags: list[str], stop_at_return: float | None = None, timeout: float = 900,
                cache_dir: Path | None = None, eval_episodes: int = 0, log_frequency: int = 1,
-               env: dict[str, str] | None = None, scalars: tuple[str, ...] = (), workdir: Path | None = None) -> dict:
+               env: dict[str, str] | None = None, scalars: tuple[str, ...] = (), workdir: Path | None = None,
+               window: tuple[float, int] | None = None) -> dict:
     """Run `python sebulba/<script> <flags> --log-frequency 1 --eval-episodes 0` (training alone,
     no final evaluation, unless `eval_episodes`) in a fresh process and directory, compiling
     every program (no persistent compilation cache) unless `cache_dir` names one.
@@ -220,7 +221,9 @@ def run_script(script: str, flags: list[str], stop_at_return: float | None = Non
     after the first update, start-up excluded), the child's
     CPU-seconds (user + system), its peak resident memory (sampled every 0.5 s) and the
     wall-clock seconds. With `stop_at_return` the run is
-    sent SIGTERM at the first line whose return reaches it (it checkpoints and exits 143).
+    sent SIGTERM at the first line whose return reaches it (it checkpoints and exits 143); with
+    `window` = (seconds, lines), at the first line at least that many seconds after the first
+    update's line and with at least that many lines after it (a fixed window of steady training).
     `env` adds variables to the child's environment; `scalars` names TensorBoard tags whose
     logged (global step, value) pairs are returned under "scalars". With `workdir` the run lives
     in workdir/runs/bench and stays there: a run stopped before the end (a session's end, a kill)
@@ -262,6 +265,8 @@ def run_script(script: str, flags: list[str], stop_at_return: float | None = Non
                 ret = None if match[5] == "n/a" else float(match[5])
                 lines.append((time.perf_counter() - start, int(match[1]), int(match[2]), ret))
                 if stop_at_return is not None and ret is not None and ret >= stop_at_return and proc.poll() is None:
+                    proc.terminate()
+                if window and lines[-1][0] - lines[0][0] >= window[0] and len(lines) > window[1] and proc.poll() is None:
                     proc.terminate()
         code = proc.wait()
         timer.cancel()
@@ -340,11 +345,12 @@ def work_conserving_limit(cores: int, cpu_s_per_step: dict[str, float]) -> float
     return cores / sum(cpu_s_per_step.values())
 
 
-def cli_parser(doc: str, name: str, quick: str):
-    """The command line every part shares: --quick (with what it measures) and --out."""
+def cli_parser(doc: str, name: str, quick: str | None):
+    """The command line every part shares: --quick (with what it measures; none where `quick` is None) and --out."""
     import argparse
     p = argparse.ArgumentParser(description=doc.split("\n\n")[0])
-    p.add_argument("--quick", action="store_true", help=quick)
+    if quick is not None:
+        p.add_argument("--quick", action="store_true", help=quick)
     p.add_argument("--out", type=Path, default=RESULTS, help=f"directory for {name}.json")
     return p
 

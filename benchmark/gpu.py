@@ -1,27 +1,42 @@
-"""The GPU check: both scripts on one GPU, actor and learner sharing it.
+"""The GPU check: raw EnvPool, then every script end to end, each for a fixed window after compilation.
 
-    pip install -e '.[cuda,bench]' && python benchmark/gpu.py    # about 6 min on one GPU with 16 cores
-    python benchmark/gpu.py --quick                               # 4 updates a run, one run each (~2 min)
+    pip install -e '.[cuda,bench]' && python benchmark/gpu.py    # under 10 minutes on one GPU with 16 cores
+    python benchmark/gpu.py --dry-run                             # the same pipeline on this CPU, tiny sizes (CI)
 
-Runs `--actor-device-ids 0 --learner-device-ids 0` on Breakout-v5 at the scripts' default
-Atari sizes (PPO: 2 actor threads x 60 envs x 128 steps per update, 8 updates; IMPALA:
-2 x 60 x 20, 60 updates) and on CartPole-v1 (one thread x 48 envs x 32 steps, MLP 64-64, 60
-updates), PPO and IMPALA, each run in a fresh process with the compilation cache off. Repeats
-(2 for Breakout, 3 for CartPole) start only in the first 330 s, so the check ends within
-about 8 minutes. Recorded per run: time to the first update (launch to the first console
-line: imports, env pools and compilation included), steady env steps/s (between the console
-lines after the first update and the last), the actor side's and the learner's rates
-(`charts/actor_sps`, `charts/learner_sps`, mean over the updates after the first), and the
-GPU memory peak: the most `nvidia-smi` reported in use on GPU 0 while the run lasted, with
-JAX's preallocation off (XLA_PYTHON_CLIENT_PREALLOCATE=false), so it is what the run needed
-rather than the 75 % JAX reserves by default. Writes benchmark/results/gpu.json (or under
---out) and, in full mode, regenerates RESULTS.md, whose GPU section names the GPU.
+In order:
+
+1. `Breakout-v5/EnvPool`: raw EnvPool throughput, the actor side's ceiling on this machine:
+   `send`/`recv` with random actions and no policy, 4 envs per core, `recv` batch half the pool,
+   one worker thread per core, over a 10 s window (Cleanba's protocol; env steps, frames = 4x).
+2. PPO and IMPALA on Breakout-v5 at the scripts' default Atari sizes (PPO: 2 actor threads x 60
+   envs x 128 steps an update; IMPALA: 2 x 60 x 20), actor and learner sharing GPU 0 (`a0-l0`);
+   with 2 GPUs or more also the actor on GPU 0 and the learner on GPU 1 (`a0-l1`), with 4 or
+   more on GPUs 1, 2 and 3 (`a0-l1,2,3`).
+3. PQN on Breakout-v5 at its defaults (CleanRL's pqn_atari_envpool.py: 8 envs x 128 steps) and
+   SAC on HalfCheetah-v4 at its defaults (CleanRL's hyperparameters, 8 envs x 16 steps), a0-l0.
+
+Each run is a fresh process with the compilation cache off. It trains until WINDOW_S seconds
+(and at least 3 updates) have passed since its first update, then gets SIGTERM (it checkpoints
+and exits 143). Recorded per run: time to the first update (launch to the first console line:
+imports, env pools and compilation), steady env steps/s (between the console lines after the
+first update and the last), the actor side's and the learner's rates (`charts/actor_sps`,
+`charts/learner_sps`, mean over the updates after the first), the GPU memory peak (the most
+`nvidia-smi` reported in use on the GPUs while the run lasted, with JAX's preallocation off, so
+it is what the run needed rather than the 75 % JAX reserves by default) and the cores' mean
+utilisation. A second run of each starts only in the first REPEATS_UNTIL_S seconds, and no run
+starts after STARTS_UNTIL_S, so the check ends within 10 minutes; results are the median
+(min-max) over the runs made. Writes benchmark/results/gpu.json (or under --out) and
+regenerates RESULTS.md, whose GPU section names the GPU, in the same go.
 
 Reference: Cleanba's PPO reaches about 6.1k env steps/s on Breakout with 1 A100 and 10 CPU
 cores (derived from its published runtimes).
 
 On a machine without an NVIDIA GPU, or where JAX cannot see it (the `cuda` extra missing), it
-refuses in one line, exit code 2, before running anything.
+refuses in one line, exit code 2, before running anything. `--dry-run` runs the same steps on
+the CPU instead, at tiny sizes (4 envs, 8 steps, small networks), one run each, stopped after 3
+updates, with two of XLA's virtual CPU devices standing in for two GPUs (PPO runs at `a0-l1`),
+and writes gpu.json and RESULTS.md under --out (default: a temporary directory): it checks that
+the script works, not how fast anything is.
 """
 
 from __future__ import annotations
@@ -29,41 +44,60 @@ from __future__ import annotations
 import shutil
 import subprocess
 import sys
+import tempfile
 import time
+from pathlib import Path
 
-from common import (PPO_CARTPOLE_THROUGHPUT, RESULTS, ROOT, PeriodicSampler, cli_parser, flag_value, impala_flags,
-                    run_script, save, spread, steady_rates)
+import numpy as np
 
-ON_GPU0 = ["--actor-device-ids", "0", "--learner-device-ids", "0"]
-# name: (script, flags without the budget, env steps per update, updates, repeats)
+from common import RESULTS, ROOT, CpuSampler, PeriodicSampler, cli_parser, run_script, save, spread, steady_rates
+
+WINDOW_S = 30  # seconds of steady training measured per run
+REPEATS_UNTIL_S = 300  # a second run of each starts only before this many seconds
+STARTS_UNTIL_S = 450  # no run starts after this: the last one (about 90 s) ends within 10 minutes
+ENV_WINDOW_S = 10
+BREAKOUT = ["--env-id", "Breakout-v5"]
+# name: (script, flags without the layout, the fewest GPUs it needs, its flags under --dry-run)
+ATARI_DRY = ["--local-num-envs", "4", "--num-steps", "8", "--num-actor-threads", "1", "--hiddens", "32"]
 RUNS = {
-    "Breakout-v5/PPO": ("ppo_envpool.py", ["--env-id", "Breakout-v5"], 2 * 60 * 128, 8, 2),
-    "Breakout-v5/IMPALA": ("impala_envpool.py", ["--env-id", "Breakout-v5"], 2 * 60 * 20, 60, 2),
-    "CartPole-v1/PPO": ("ppo_envpool.py", PPO_CARTPOLE_THROUGHPUT, 48 * 32, 60, 3),
-    "CartPole-v1/IMPALA": ("impala_envpool.py", impala_flags(PPO_CARTPOLE_THROUGHPUT), 48 * 32, 60, 3),
+    "Breakout-v5/PPO/a0-l0": ("ppo_envpool.py", BREAKOUT, 1, None),  # (dry: the split layout below runs PPO)
+    "Breakout-v5/IMPALA/a0-l0": ("impala_envpool.py", BREAKOUT, 1, [*ATARI_DRY, "--channels", "4", "8"]),
+    "Breakout-v5/PQN/a0-l0": ("pqn_envpool.py", BREAKOUT, 1, [*ATARI_DRY, "--num-minibatches", "2", "--update-epochs",
+                                                             "1"]),
+    "HalfCheetah-v4/SAC/a0-l0": ("sac_envpool.py", ["--env-id", "HalfCheetah-v4", "--no-save-buffer"], 1,
+                                 ["--local-num-envs", "4", "--num-steps", "4", "--hiddens", "16", "16",
+                                  "--learning-starts", "16", "--minibatch-size", "16", "--buffer-size", "256"]),
+    "Breakout-v5/PPO/a0-l1": ("ppo_envpool.py", BREAKOUT, 2, [*ATARI_DRY, "--channels", "4", "8", "--num-minibatches",
+                                                             "2", "--update-epochs", "1"]),
+    "Breakout-v5/IMPALA/a0-l1": ("impala_envpool.py", BREAKOUT, 2, None),
+    "Breakout-v5/PPO/a0-l1,2,3": ("ppo_envpool.py", BREAKOUT, 4, None),
+    "Breakout-v5/IMPALA/a0-l1,2,3": ("impala_envpool.py", BREAKOUT, 4, None),
 }
 RATES = ("charts/actor_sps", "charts/learner_sps")
-REPEATS_UNTIL_S = 330  # a repeat starts only before this many seconds, so the check ends within about 8 minutes
 
 
 class GpuMemorySampler(PeriodicSampler):
-    """The most memory (MiB) `nvidia-smi` reports in use on GPU 0, polled every `period` s while the block runs."""
+    """The most memory (MiB) `nvidia-smi` reports in use over every GPU, polled every `period` s while the block
+    runs; None without nvidia-smi (--dry-run)."""
 
     def __init__(self, period: float = 0.5):
         super().__init__(period)
-        self.peak_mib = 0
+        self.peak_mib = 0 if shutil.which("nvidia-smi") else None
 
     def sample(self):
-        out = subprocess.run(["nvidia-smi", "--query-gpu=memory.used", "--format=csv,noheader,nounits", "-i", "0"],
-                             capture_output=True, text=True, check=False).stdout.strip()
-        if out.isdigit():
-            self.peak_mib = max(self.peak_mib, int(out))
+        if self.peak_mib is None:
+            return
+        out = subprocess.run(["nvidia-smi", "--query-gpu=memory.used", "--format=csv,noheader,nounits"],
+                             capture_output=True, text=True, check=False).stdout.split()
+        if out and all(v.isdigit() for v in out):
+            self.peak_mib = max(self.peak_mib, sum(map(int, out)))
 
 
 def refusal() -> str | None:
     """Why this machine cannot run the check (one line), or None when JAX sees a GPU."""
     if not shutil.which("nvidia-smi"):
-        return "benchmark/gpu.py needs an NVIDIA GPU: nvidia-smi is not on this machine (run it where a GPU is lent)"
+        return ("benchmark/gpu.py needs an NVIDIA GPU: nvidia-smi is not on this machine (run it where a GPU is lent, "
+                "or --dry-run to check the script on this CPU)")
     probe = subprocess.run([sys.executable, "-c", "import jax; print(len(jax.devices('gpu')))"], capture_output=True,
                            text=True, check=False)
     if probe.returncode or not probe.stdout.strip().isdigit() or int(probe.stdout) == 0:
@@ -71,46 +105,108 @@ def refusal() -> str | None:
     return None
 
 
-def measure(name: str, script: str, flags: list[str], batch: int, updates: int) -> dict:
-    flags = [*flags, *ON_GPU0, "--total-timesteps", str(batch * updates)]
-    if "--local-num-envs" in flags:
-        assert int(flag_value(flags, "--local-num-envs")) * int(flag_value(flags, "--num-steps")) == batch
+def gpu_count() -> int:
+    probe = subprocess.run([sys.executable, "-c", "import jax; print(len(jax.devices('gpu')))"], capture_output=True,
+                           text=True, check=False)
+    return int(probe.stdout)
+
+
+def layout_flags(name: str) -> list[str]:
+    learners = name.rsplit("/a0-l", 1)[1].split(",")
+    return ["--actor-device-ids", "0", "--learner-device-ids", *learners]
+
+
+def measure_envpool(cores: int, seconds: float) -> dict:
+    """Raw EnvPool Breakout-v5 under the training protocol: random actions through send/recv."""
+    sys.path.insert(0, str(ROOT))
+    from sebulba.envs import make_envs
+    num_envs = 4 * cores
+    envs = make_envs("Breakout-v5", num_envs, num_envs // 2, seed=0, num_threads=cores)
+    rng, n = np.random.default_rng(0), envs.action_space.n
+    envs.async_reset()
+
+    def step():
+        info = envs.recv()[-1]
+        envs.send(rng.integers(0, n, len(info["env_id"])).astype(np.int32), info["env_id"])
+        return len(info["env_id"])
+
+    for _ in range(20):
+        step()  # warm-up: every env past its reset
+    with CpuSampler(period=0.5) as cpu:
+        steps, start = 0, time.perf_counter()
+        while time.perf_counter() - start < seconds:
+            steps += step()
+        elapsed = time.perf_counter() - start
+    envs.close()
+    out = {"num_envs": num_envs, "batch_size": num_envs // 2, "num_threads": cores, "sps": steps / elapsed,
+           "cpu_per_core": cpu.per_core_mean()}
+    print(f"Breakout-v5/EnvPool: {out['sps']:,.0f} env steps/s ({num_envs} envs, recv batch {num_envs // 2}, "
+          f"{cores} threads)", flush=True)
+    return out
+
+
+def measure(name: str, script: str, flags: list[str], dry_run: bool) -> dict:
+    flags = [*flags, *layout_flags(name), "--total-timesteps", "1000000000"]
+    env = {"XLA_PYTHON_CLIENT_PREALLOCATE": "false"}
+    if dry_run:
+        env["XLA_FLAGS"] = "--xla_force_host_platform_device_count=2"  # two virtual CPU devices for a0-l1
     with GpuMemorySampler() as gpu:
-        r = run_script(script, flags, env={"XLA_PYTHON_CLIENT_PREALLOCATE": "false"}, scalars=RATES)
+        r = run_script(script, flags, env=env, scalars=RATES, timeout=300,
+                       window=(0 if dry_run else WINDOW_S, 3))
     sps, _ = steady_rates(r["lines"])
     first_step = r["lines"][0][1]
     rates = {tag.split("/")[1]: [v for step, v in r["scalars"][tag] if step > first_step] for tag in RATES}
     out = {"time_to_first_update_s": r["lines"][0][0], "sps": sps, "gpu_memory_peak_mib": gpu.peak_mib,
-           "actor_sps": sum(rates["actor_sps"]) / len(rates["actor_sps"]),
-           "learner_sps": sum(rates["learner_sps"]) / len(rates["learner_sps"]), "wall_s": r["wall_s"],
-           "cpu_per_core": r["cpu_per_core"]}
+           "actor_sps": float(np.mean(rates["actor_sps"])), "learner_sps": float(np.mean(rates["learner_sps"])),
+           "updates": len(r["lines"]), "wall_s": r["wall_s"], "cores_busy_mean": float(np.mean(r["cpu_per_core"]))
+           if r["cpu_per_core"] else None}
+    memory = f", GPU memory peak {gpu.peak_mib:,} MiB" if gpu.peak_mib is not None else ""
     print(f"{name}: first update at {out['time_to_first_update_s']:.1f} s, {sps:,.0f} env steps/s (actor "
-          f"{out['actor_sps']:,.0f}, learner {out['learner_sps']:,.0f}), GPU memory peak {gpu.peak_mib:,} MiB",
-          flush=True)
+          f"{out['actor_sps']:,.0f}, learner {out['learner_sps']:,.0f}){memory}", flush=True)
     return {"flags": flags, **out}
 
 
-def run(quick: bool) -> dict:
-    results, start = {}, time.perf_counter()
-    for name, (script, flags, batch, updates, repeats) in RUNS.items():
-        runs = [measure(name, script, flags, batch, 4 if quick else updates)]
-        while len(runs) < (1 if quick else repeats) and time.perf_counter() - start < REPEATS_UNTIL_S:
-            runs.append(measure(name, script, flags, batch, updates))
-        results[name] = {"script": script, "flags": runs[0]["flags"], "runs": runs,
+def run(dry_run: bool, cores: int, gpus: int) -> dict:
+    """Every measurement this machine has the GPUs for, within the time limits: {name: result}."""
+    start = time.perf_counter()
+    envpool = [measure_envpool(cores, 1.0 if dry_run else ENV_WINDOW_S)]
+    results = {"Breakout-v5/EnvPool": {"runs": envpool, "sps": spread([r["sps"] for r in envpool])}}
+    todo = [(name, script, dry if dry_run else flags) for name, (script, flags, need, dry) in RUNS.items()
+            if need <= gpus and (not dry_run or dry is not None)]
+    made: dict[str, list[dict]] = {name: [] for name, _, _ in todo}
+    for repeat in range(1 if dry_run else 2):
+        for name, script, flags in todo:
+            elapsed = time.perf_counter() - start
+            if elapsed > STARTS_UNTIL_S or (repeat and elapsed > REPEATS_UNTIL_S):
+                print(f"{name}: {'repeat ' * repeat}not started, {elapsed:.0f} s in (the check ends within 10 "
+                      "minutes)", flush=True)
+                continue
+            made[name].append(measure(name, script, flags, dry_run))
+    for name, script, _ in todo:
+        runs = made[name]
+        results[name] = {"script": script, "flags": runs[0]["flags"] if runs else None, "runs": runs,
                          **{k: spread([r[k] for r in runs]) for k in ("time_to_first_update_s", "sps", "actor_sps",
                                                                        "learner_sps", "gpu_memory_peak_mib")}}
     return results
 
 
 if __name__ == "__main__":
-    parser = cli_parser(__doc__, "gpu", "4 updates a run, one repeat (about 2 min)")
+    parser = cli_parser(__doc__, "gpu", None)
+    parser.add_argument("--dry-run", action="store_true",
+                        help="the same steps on this CPU at tiny sizes, writing under --out (default: a temporary "
+                             "directory): checks the script, measures nothing worth keeping")
     cli = parser.parse_args()
-    reason = refusal()
-    if reason:
-        print(reason, file=sys.stderr)
-        sys.exit(2)
-    path = save("gpu", {"quick": cli.quick, "results": run(cli.quick)}, cli.out)
+    if cli.dry_run:
+        gpus, cores = 2, 2  # two virtual CPU devices stand in for two GPUs
+        if cli.out == RESULTS:
+            cli.out = Path(tempfile.mkdtemp(prefix="sebulba-gpu-dry-run-"))
+    else:
+        if reason := refusal():
+            print(reason, file=sys.stderr)
+            sys.exit(2)
+        gpus, cores = gpu_count(), len(__import__("os").sched_getaffinity(0))
+    path = save("gpu", {"dry_run": cli.dry_run, "gpus_used": gpus, "results": run(cli.dry_run, cores, gpus)}, cli.out)
     print("written:", path)
-    if cli.out == RESULTS and not cli.quick:
-        from report import report  # matplotlib: only once there is something to plot
-        print("written:", report(RESULTS, ROOT / "benchmark" / "RESULTS.md", ROOT / "docs" / "img"))
+    from report import report  # matplotlib: only once there is something to plot
+    results_md = (ROOT / "benchmark" / "RESULTS.md") if cli.out == RESULTS else cli.out / "RESULTS.md"
+    print("written:", report(cli.out, results_md, ROOT / "docs" / "img" if cli.out == RESULTS else cli.out / "img"))

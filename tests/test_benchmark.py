@@ -208,15 +208,41 @@ def test_report_renders_the_gpu_section(tmp_path):
     machine = {"cpu": "test cpu", "cores": 16, "memory_gib": 128.0, "gpus": ["NVIDIA H200, 143771 MiB"],
                "python": "3.11", "versions": {}, "date": "2026-12-01", "commit": "abc1234"}
     s = lambda v: common.spread([v])  # noqa: E731
-    (tmp_path / "gpu.json").write_text(json.dumps({"machine": machine, "quick": False, "results": {
-        "Breakout-v5/PPO": {"script": "ppo_envpool.py", "flags": [], "runs": [{}, {}], "time_to_first_update_s": s(31.0),
-                            "sps": s(9150.0), "actor_sps": s(12000.0), "learner_sps": s(30000.0),
-                            "gpu_memory_peak_mib": s(3584.0)}}}))
+    run = {"script": "ppo_envpool.py", "flags": [], "runs": [{}, {}], "time_to_first_update_s": s(31.0),
+           "sps": s(9150.0), "actor_sps": s(12000.0), "learner_sps": s(30000.0), "gpu_memory_peak_mib": s(3584.0)}
+    (tmp_path / "gpu.json").write_text(json.dumps({"machine": machine, "dry_run": False, "gpus_used": 1, "results": {
+        "Breakout-v5/EnvPool": {"runs": [{"num_envs": 64, "batch_size": 32, "num_threads": 16}], "sps": s(40000.0)},
+        "Breakout-v5/PPO/a0-l0": run}}))
     text = report.report(tmp_path, tmp_path / "RESULTS.md", tmp_path / "img").read_text()
-    assert "NVIDIA H200, 143771 MiB; test cpu, 16 cores; code abc1234" in text
-    assert ("| Breakout-v5/PPO | 2 | 31.0 (31.0–31.0) s | 9,150 (9,150–9,150) | 12,000 (12,000–12,000) | "
+    assert "NVIDIA H200, 143771 MiB; test cpu, 16 cores; code abc1234" in text and "dry run" not in text
+    assert "(random actions, send/recv, 64 envs, recv batch 32, 16 threads): 40,000 (40,000–40,000) env steps/s" in text
+    assert ("| Breakout-v5/PPO/a0-l0 | 2 | 31.0 (31.0–31.0) s | 9,150 (9,150–9,150) | 12,000 (12,000–12,000) | "
             "30,000 (30,000–30,000) | 3.5 (3.5–3.5) GiB |") in text
     assert "(1 A100, 10 CPU cores): 1.50×." in text
+
+
+@pytest.mark.slow
+def test_gpu_check_dry_run_on_the_cpu_writes_its_results_and_section(tmp_path):
+    """`benchmark/gpu.py --dry-run`, as CI runs it so the check cannot rot: every step at tiny sizes on the CPU
+    (PPO on the split layout over two virtual CPU devices), gpu.json and a RESULTS.md that says it was a dry run."""
+    import subprocess
+    proc = subprocess.run([sys.executable, str(Path(common.ROOT) / "benchmark" / "gpu.py"), "--dry-run", "--out",
+                           str(tmp_path)], capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    written = json.loads((tmp_path / "gpu.json").read_text())
+    assert written["dry_run"] and set(written["results"]) == {
+        "Breakout-v5/EnvPool", "Breakout-v5/PPO/a0-l1", "Breakout-v5/IMPALA/a0-l0", "Breakout-v5/PQN/a0-l0",
+        "HalfCheetah-v4/SAC/a0-l0"}
+    for name, r in written["results"].items():
+        assert r["sps"]["median"] > 0, name
+        if name != "Breakout-v5/EnvPool":
+            run = r["runs"][0]
+            assert run["updates"] >= 4 and run["actor_sps"] > 0 and run["learner_sps"] > 0, name
+            assert run["gpu_memory_peak_mib"] is None  # no nvidia-smi here
+    ppo = written["results"]["Breakout-v5/PPO/a0-l1"]["flags"]
+    assert ppo[ppo.index("--learner-device-ids") + 1] == "1"
+    text = (tmp_path / "RESULTS.md").read_text()
+    assert "**A dry run on the CPU" in text and "| Breakout-v5/PPO/a0-l1 | 1 |" in text
 
 
 @pytest.mark.slow
@@ -501,3 +527,23 @@ def test_the_pqn_cartpole_figures_quoted_in_readme_and_docs_are_the_recorded_one
               f"and {means['-cleanrl']} (CleanRL's sizes)")
     assert phrase in docs and phrase in " ".join((root / "docs/benchmarks.md").read_text().split())
     assert f"500 ({reached['']}), end of run {means['']}; every seed dipped" in (root / "README.md").read_text()
+
+
+def test_the_gpu_needs_quoted_in_readme_are_the_recorded_ones():
+    """README's "What the headline command needs on GPUs", recomputed from memory.json and env_throughput.json."""
+    root = Path(__file__).resolve().parents[1]
+    mem = json.loads((root / "benchmark/results/memory.json").read_text())
+    env = json.loads((root / "benchmark/results/env_throughput.json").read_text())
+    readme = " ".join((root / "README.md").read_text().split())
+    best = max(r["sps"]["median"] for r in env["rows"]
+               if r["env_id"] == "Breakout-v5" and r["mode"].startswith("envpool") and r["threads"] == 1)
+    gib = 2**30
+    frames = mem["num_actor_threads"] * mem["local_num_envs"] * mem["num_steps"] // 4
+    for quoted in (f"EnvPool steps Breakout-v5 at {best:,.0f} env steps/s on one core",
+                   f"({mem['num_actor_threads']} actor threads × {mem['local_num_envs']} envs × {mem['num_steps']} "
+                   f"steps, the IMPALA ResNet, 4 minibatches of {frames:,} frames;",
+                   f"holds {mem['minibatch_working_bytes'] / gib:.1f} GiB of working memory",
+                   f"`--gradient-accumulation-steps {mem['accumulation']}`, {mem['microbatch_working_bytes'] / gib:.2f} GiB",
+                   f"A rollout is {mem['rollout_bytes'] / gib:.2f} GiB",
+                   f"in flight ({mem['in_flight_bytes'] / gib:.2f} GiB"):
+        assert quoted in readme, quoted
