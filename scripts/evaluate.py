@@ -23,7 +23,10 @@ checkpoint when the run used --norm-obs. Prints the mean ±
 standard deviation of the raw (unclipped) return and of the length in env steps (Atari:
 frames = 4x), or a JSON object with --json. --video [PATH] writes the first --video-episodes
 episodes as one mp4 (EnvPool's rgb_array frames; imageio with ffmpeg). A run directory without a config or the named
-checkpoint, or whose script cannot be imported, ends with one line saying what is there, exit status 1.
+checkpoint, or whose script cannot be imported, ends with one line saying what is there, exit status 2.
+
+RUN_DIR may also be a folder written by scripts/share.py, or a Hugging Face Hub repo id
+(<user>/<name>) holding one, downloaded first (docs/evaluation.md, "Sharing a trained agent").
 """
 
 from __future__ import annotations
@@ -37,11 +40,14 @@ import sys
 import warnings
 from pathlib import Path
 
+import flax.serialization
 import jax
 import numpy as np
 import orbax.checkpoint as ocp
 
 ROOT = Path(__file__).resolve().parents[1]
+if __name__ == "__main__":  # one copy of this module when the other script imports it (its Refused is this one's)
+    sys.modules["evaluate"] = sys.modules[__name__]
 VIDEO_UNDER_RUN = Path("<under the run directory>")  # --video given without a path
 sys.path.insert(0, str(ROOT))
 
@@ -51,23 +57,27 @@ from sebulba.devices import Placement  # noqa: E402
 from sebulba.envs import has_dict_obs, is_atari, is_mujoco, make_envs, resolve_episodic_life  # noqa: E402
 from sebulba.evaluation import run_episodes  # noqa: E402
 from sebulba.networks import make_policy_fn  # noqa: E402
+from share import MODEL_FILE, read_model, trained_with  # noqa: E402  (scripts/share.py: the shared folder's format)
 
 
-def load(run_dir: Path, checkpoint: int | None):
-    """(script module, Args, Agent, env spec, (params, observation statistics) on the first local
-    device, checkpoint update). The training script gives the flags, the network and the
-    learner state's layout; the rest is the shared runtime's.
+class Refused(SystemExit):
+    """Input this script cannot use: one line on stderr (`error: ...`), exit status 2."""
+
+    def __init__(self, message: str):
+        super().__init__(2)
+        self.message = message
+
+    def __str__(self):
+        return self.message
+
+
+def rebuild(recorded: dict, where: str):
+    """(script module, Args, Agent, env spec, a learner state of the run's layout on the first
+    local device) from a run's config.json content; `where` names the config.json in errors.
 
     Raises:
-      SystemExit: no config.json, a script in it that cannot be imported, no checkpoint, or a
-        checkpoint number that does not exist.
+      Refused: a script in it that cannot be imported.
     """
-    config = run_dir / "config.json"
-    if not run_dir.is_dir():
-        raise SystemExit(f"{run_dir} is not a directory: give a run directory such as runs/<run name>")
-    if not config.exists():
-        raise SystemExit(f"{run_dir} has no config.json: give a run directory written by a sebulba script")
-    recorded = json.loads(config.read_text())
     saved = recorded["args"]
     # The script that wrote the run, as config.json names it (rundir.script_module). Runs written
     # before config.json had "script" are told apart by the flags only one of the first three scripts has.
@@ -76,22 +86,13 @@ def load(run_dir: Path, checkpoint: int | None):
     try:
         module = importlib.import_module(name)
     except ImportError as error:
-        raise SystemExit(f"{config} names the script {name}, which cannot be imported ({error}): evaluate the run "
-                         f"with the scripts/evaluate.py of a checkout that has {name.replace('.', '/')}.py") from error
+        raise Refused(f"{where} names the script {name}, which cannot be imported ({error}): evaluate it with the "
+                      f"scripts/evaluate.py of a checkout that has {name.replace('.', '/')}.py") from error
     args = module.Args(**{k: v for k, v in saved.items() if k in {f.name for f in dataclasses.fields(module.Args)}})
     if "read_mission" not in saved and hasattr(args, "read_mission"):  # written before the mission was read
         args = dataclasses.replace(args, read_mission=False)
     if "atari_protocol" not in saved and hasattr(args, "atari_protocol"):  # written before the protocols were named
         args = dataclasses.replace(args, atari_protocol="machado")
-    if not (run_dir / "checkpoints").exists():
-        raise SystemExit(f"{run_dir}/checkpoints does not exist: the run saved no checkpoint yet")
-    steps = complete_steps(run_dir / "checkpoints")  # finished ones only
-    manager = ocp.CheckpointManager((run_dir / "checkpoints").absolute(),
-                                    options=ocp.CheckpointManagerOptions(create=False))
-    if not steps or (checkpoint is not None and checkpoint not in steps):
-        raise SystemExit(f"{run_dir}/checkpoints has {f'checkpoints {sorted(steps)}' if steps else 'no checkpoint'}"
-                         + (f", not {checkpoint}" if checkpoint is not None and steps else ""))
-    update = checkpoint if checkpoint is not None else max(steps)
     agent, spec = module.make_agent(args)
     device = jax.local_devices()[0]
     # A one-device learner "mesh": orbax reshards whatever layout the run was saved from.
@@ -99,10 +100,90 @@ def load(run_dir: Path, checkpoint: int | None):
     # resolve gives the optimiser's sizes; as one process that logs nothing (track=False: evaluating needs no W&B login)
     setup = module.resolve(dataclasses.replace(args, distributed=False, track=False), Cluster())
     like, _ = module.make_train_state(args, setup, module.init_params(agent, spec, jax.random.PRNGKey(0)), placement)
+    return module, args, agent, spec, like
+
+
+def load(run_dir: Path, checkpoint: int | None):
+    """(script module, Args, Agent, env spec, (params, observation statistics) on the first local
+    device, checkpoint update). The training script gives the flags, the network and the
+    learner state's layout; the rest is the shared runtime's.
+
+    Raises:
+      Refused: no config.json, a script in it that cannot be imported, no checkpoint, or a
+        checkpoint number that does not exist.
+    """
+    config = run_dir / "config.json"
+    if not run_dir.is_dir():
+        raise Refused(f"{run_dir} is not a directory: give a run directory such as runs/<run name>, a folder written "
+                      "by scripts/share.py, or a Hugging Face Hub repo id such as <user>/<env id>-<exp name>-seed<seed>")
+    if not config.exists():
+        raise Refused(f"{run_dir} has no config.json: give a run directory written by a sebulba script")
+    recorded = json.loads(config.read_text())
+    if "export" in recorded and not (run_dir / "checkpoints").exists():  # a shared agent's folder (scripts/share.py)
+        loaded = load_shared(run_dir)
+        if checkpoint is not None and checkpoint != loaded[-1]:
+            raise Refused(f"{run_dir} is a shared agent: it holds checkpoint {loaded[-1]} alone, not {checkpoint}")
+        return loaded
+    if not (run_dir / "checkpoints").exists():
+        raise Refused(f"{run_dir}/checkpoints does not exist: the run saved no checkpoint yet")
+    steps = complete_steps(run_dir / "checkpoints")  # finished ones only
+    if not steps or (checkpoint is not None and checkpoint not in steps):
+        raise Refused(f"{run_dir}/checkpoints has {f'checkpoints {sorted(steps)}' if steps else 'no checkpoint'}"
+                      + (f", not {checkpoint}" if checkpoint is not None and steps else ""))
+    module, args, agent, spec, like = rebuild(recorded, str(config))
+    update = checkpoint if checkpoint is not None else max(steps)
+    manager = ocp.CheckpointManager((run_dir / "checkpoints").absolute(),
+                                    options=ocp.CheckpointManagerOptions(create=False))
     abstract = jax.tree.map(ocp.utils.to_shape_dtype_struct, like)
     state = manager.restore(update, args=ocp.args.Composite(state=ocp.args.StandardRestore(abstract))).state
     manager.close()
     return module, args, agent, spec, (state.params, state.obs_moments), update
+
+
+def load_shared(folder: Path):
+    """As `load`, for a folder written by scripts/share.py (its model.msgpack, checked against the
+    checksum its config.json records, and the script's network at this checkout).
+
+    Raises:
+      Refused: a partial or altered folder, or params that do not fit the script's network here.
+    """
+    recorded, state_dict = read_model(folder)
+    module, args, agent, spec, like = rebuild(recorded, str(folder / "config.json"))
+    target = {"params": like.params, "obs_moments": like.obs_moments}
+    try:
+        restored = flax.serialization.from_state_dict(target, state_dict)
+        fits = all(np.shape(a) == np.shape(b) for a, b in zip(jax.tree.leaves(restored), jax.tree.leaves(target)))
+    except (ValueError, KeyError, TypeError) as error:  # flax: a missing or extra field
+        fits, restored = False, error
+    if not fits:
+        raise Refused(f"{folder}/{MODEL_FILE} does not fit the network {recorded['script']} builds at this checkout: "
+                      f"play it with the sebulba it was trained with ({trained_with(recorded)})")
+    device = jax.local_devices()[0]
+    params, moments = jax.device_put((restored["params"], restored["obs_moments"]), device)
+    return module, args, agent, spec, (params, moments), recorded["export"]["checkpoint"]
+
+
+def locate(source: str) -> Path:
+    """The local directory `source` names: a run directory or shared folder, as given, or a Hugging
+    Face Hub model repo id (`<user>/<name>`, relative, one slash, its first part no local
+    directory), downloaded with huggingface_hub into its cache.
+
+    Raises:
+      Refused: huggingface_hub missing, or the repo cannot be downloaded (no such repo, no network).
+    """
+    path = Path(source)
+    if path.exists() or path.is_absolute() or source.count("/") != 1 or Path(source.split("/")[0]).is_dir():
+        return path
+    try:
+        from huggingface_hub import snapshot_download
+    except ImportError as error:
+        raise Refused(f"{source} is no directory here; to download it from the Hugging Face Hub install "
+                      'huggingface_hub: pip install -e ".[share]"') from error
+    try:
+        return Path(snapshot_download(repo_id=source, repo_type="model"))
+    except Exception as error:  # huggingface_hub's HTTP and connection errors have no common base
+        raise Refused(f"{source} is no directory here, and downloading it as a Hugging Face Hub model repo failed "
+                      f"({type(error).__name__}: {str(error).splitlines()[0] if str(error) else ''})") from error
 
 
 def evaluate(module, args, agent, spec, params, episodes: int, seed: int, greedy: bool, video: Path | None = None,
@@ -113,7 +194,7 @@ def evaluate(module, args, agent, spec, params, episodes: int, seed: int, greedy
     then one frame per env step) and written one after the other to that mp4 file."""
     threads = min(episodes, os.cpu_count() or 1)
     if video is not None and is_mujoco(args.env_id) and os.environ.get("MUJOCO_GL") not in ("egl", "osmesa"):
-        raise SystemExit("--video on a MuJoCo task needs an OpenGL platform: set MUJOCO_GL=egl (GPU) or "
+        raise Refused("--video on a MuJoCo task needs an OpenGL platform: set MUJOCO_GL=egl (GPU) or "
                          "MUJOCO_GL=osmesa (CPU, with libOSMesa installed)")
     protocol = getattr(args, "atari_protocol", "cleanba")  # SAC has no Atari flags
     episodic_life = resolve_episodic_life(args.env_id, protocol, getattr(args, "episodic_life", None))
@@ -147,7 +228,7 @@ def write_video(path: Path, frames: list[np.ndarray], fps: int):
     try:
         import imageio.v2 as imageio
     except ImportError as error:
-        raise SystemExit('--video needs imageio and its ffmpeg plugin: pip install -e ".[eval]"') from error
+        raise Refused('--video needs imageio and its ffmpeg plugin: pip install -e ".[eval]"') from error
     path.parent.mkdir(parents=True, exist_ok=True)
     with warnings.catch_warnings():  # starting ffmpeg is fork + exec at once, which JAX's threads survive
         warnings.filterwarnings("ignore", message="os.fork", category=RuntimeWarning)
@@ -159,7 +240,8 @@ def write_video(path: Path, frames: list[np.ndarray], fps: int):
 def main(argv: list[str] | None = None) -> dict:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                      formatter_class=argparse.ArgumentDefaultsHelpFormatter)
-    parser.add_argument("run_dir", type=Path, help="runs/<run name> of a training run")
+    parser.add_argument("run_dir", type=Path, help="runs/<run name> of a training run, a folder scripts/share.py wrote, "
+                        "or a Hugging Face Hub repo id (<user>/<env id>-<exp name>-seed<seed>), downloaded first")
     parser.add_argument("--checkpoint", type=int, default=None, help="update number of the checkpoint; default newest")
     parser.add_argument("--episodes", type=int, default=10, help="episodes (one per env of the pool)")
     parser.add_argument("--greedy", action=argparse.BooleanOptionalAction, default=None,
@@ -184,7 +266,7 @@ def main(argv: list[str] | None = None) -> dict:
             import imageio_ffmpeg  # noqa: F401
         except ImportError:
             parser.error('--video needs imageio and its ffmpeg plugin: pip install -e ".[eval]"')
-    module, args, agent, spec, params, update = load(cli.run_dir, cli.checkpoint)
+    module, args, agent, spec, params, update = load(locate(str(cli.run_dir)), cli.checkpoint)
     if cli.greedy is None:  # as the run's own final evaluation
         cli.greedy = bool(getattr(args, "eval_greedy", False))
     policy = "greedy" if cli.greedy else "epsilon-greedy" if getattr(agent, "q_network", False) else "sampled"
@@ -212,4 +294,8 @@ def main(argv: list[str] | None = None) -> dict:
 
 
 if __name__ == "__main__":
-    main()
+    try:
+        main()
+    except Refused as refused:
+        print(f"error: {refused}", file=sys.stderr)
+        sys.exit(2)

@@ -165,8 +165,8 @@ def test_layer_norm_comes_before_the_relu():
                                rtol=1e-4, atol=1e-4)
     atari = pqn.QNetwork(num_actions=4, hiddens=(32,), atari=True)
     frames = jax.random.randint(jax.random.PRNGKey(2), (2, 4, 84, 84), 0, 256).astype(jnp.uint8)
-    variables = atari.init(jax.random.PRNGKey(0), frames)
-    _, inter = atari.apply(variables, frames, capture_intermediates=True)
+    variables = jax.jit(atari.init)(jax.random.PRNGKey(0), frames)
+    _, inter = jax.jit(lambda v, x: atari.apply(v, x, capture_intermediates=True))(variables, frames)
     layers = inter["intermediates"]["NatureEncoder_0"]
     for layer, norm in (("Conv_0", "LayerNorm_0"), ("Conv_1", "LayerNorm_1"), ("Conv_2", "LayerNorm_2"),
                         ("Dense_0", "LayerNorm_3")):  # each LayerNorm normalises its layer's raw output (scale 1 at init)
