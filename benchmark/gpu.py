@@ -34,9 +34,9 @@ cores (derived from its published runtimes).
 On a machine without an NVIDIA GPU, or where JAX cannot see it (the `cuda` extra missing), it
 refuses in one line, exit code 2, before running anything. `--dry-run` runs the same steps on
 the CPU instead, at tiny sizes (4 envs, 8 steps, small networks), one run each, stopped after 3
-updates, with two of XLA's virtual CPU devices standing in for two GPUs (PPO runs at `a0-l1`),
-and writes gpu.json and RESULTS.md under --out (default: a temporary directory): it checks that
-the script works, not how fast anything is.
+updates (the fewest a steady rate needs), with two of XLA's virtual CPU devices standing in for
+two GPUs (PPO runs at `a0-l1`), and writes gpu.json and RESULTS.md under --out (default: a
+temporary directory): it checks that the script works, not how fast anything is.
 """
 
 from __future__ import annotations
@@ -152,7 +152,7 @@ def measure(name: str, script: str, flags: list[str], dry_run: bool) -> dict:
         env["XLA_FLAGS"] = "--xla_force_host_platform_device_count=2"  # two virtual CPU devices for a0-l1
     with GpuMemorySampler() as gpu:
         r = run_script(script, flags, env=env, scalars=RATES, timeout=300,
-                       window=(0 if dry_run else WINDOW_S, 3))
+                       window=(0, 2) if dry_run else (WINDOW_S, 3))
     sps, _ = steady_rates(r["lines"])
     first_step = r["lines"][0][1]
     rates = {tag.split("/")[1]: [v for step, v in r["scalars"][tag] if step > first_step] for tag in RATES}

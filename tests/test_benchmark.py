@@ -237,7 +237,7 @@ def test_gpu_check_dry_run_on_the_cpu_writes_its_results_and_section(tmp_path):
         assert r["sps"]["median"] > 0, name
         if name != "Breakout-v5/EnvPool":
             run = r["runs"][0]
-            assert run["updates"] >= 4 and run["actor_sps"] > 0 and run["learner_sps"] > 0, name
+            assert run["updates"] >= 3 and run["actor_sps"] > 0 and run["learner_sps"] > 0, name
             assert run["gpu_memory_peak_mib"] is None  # no nvidia-smi here
     ppo = written["results"]["Breakout-v5/PPO/a0-l1"]["flags"]
     assert ppo[ppo.index("--learner-device-ids") + 1] == "1"

@@ -7,7 +7,8 @@ first call: the actors' policy, every learner program, the evaluator's policy, t
 statistics. Each is then lowered for `cuda` and `tpu`. The Nature CNN's convolutions take a
 CPU-only branch (`lax.platform_dependent` in sebulba/networks.py's ValidConv: patches and one
 matmul, which XLA:CPU runs faster); lowered for a GPU or TPU the same programs must hold XLA's
-convolution instead, and lowered for the CPU none.
+convolution instead, and lowered for the CPU none. That branch alone is also checked in the fast
+tier, on the Nature CNN's forward pass and gradient (under a second, no training).
 """
 
 import functools
@@ -37,7 +38,6 @@ CASES = {  # name: (script, flags, whether the programs hold the Nature CNN)
     "ppo-atari-nature": (ppo, [*ATARI, "--atari-encoder", "nature", "--hiddens", "32", "--gradient-accumulation-steps",
                                "2"], True),
     "impala-vector": (impala, VECTOR, False),
-    "impala-atari-resnet": (impala, [*ATARI[:8], *ATARI[-2:], "--channels", "4", "8", "--hiddens", "32"], False),
     "ppo-lstm-vector": (lstm, [*VECTOR, "--num-minibatches", "2", "--update-epochs", "1", "--lstm-size", "8"], False),
     "pqn-vector": (pqn, [*VECTOR, "--num-minibatches", "2", "--update-epochs", "1"], False),
     "pqn-atari-nature": (pqn, [*ATARI, "--hiddens", "32"], True),
@@ -107,6 +107,25 @@ def lowered_texts(jitted, arguments, platforms: tuple[str, ...]) -> dict[str, st
     return {platform: traced.lower(lowering_platforms=(platform,)).as_text() for platform in platforms}
 
 
+def test_the_nature_cnn_lowers_to_xla_convolutions_on_accelerators_and_to_the_patch_path_on_the_cpu():
+    """The fast tier's check of the branch: the Nature CNN's forward pass and its gradient, lowered for each platform."""
+    import jax.numpy as jnp
+
+    from sebulba.networks import NatureEncoder
+
+    encoder = NatureEncoder((32,))
+    frames = jnp.zeros((2, 4, 84, 84), jnp.uint8)
+    variables = jax.eval_shape(encoder.init, jax.random.PRNGKey(0), frames)
+    forward = jax.jit(encoder.apply)
+    gradient = jax.jit(jax.grad(lambda v, x: encoder.apply(v, x).sum()))
+    for program, accelerated in ((forward, 3), (gradient, 3 + 5)):  # the backward pass: input and kernel gradients
+        texts = lowered_texts(program, ((variables, frames), {}), ("cuda", "tpu", "cpu"))
+        assert texts["cuda"].count("stablehlo.convolution") == accelerated
+        assert texts["tpu"].count("stablehlo.convolution") == accelerated
+        assert texts["cpu"].count("stablehlo.convolution") == 0
+
+
+@pytest.mark.slow  # one real update of each script
 @pytest.mark.parametrize("case", list(CASES))
 def test_every_program_of_a_script_lowers_for_gpu_and_tpu(case, monkeypatch):
     module, flags, nature = CASES[case]

@@ -2,8 +2,10 @@
 does, its model card parses with huggingface_hub's card tools, a partial or altered folder is
 refused in one line, and the upload stops before the network without a token."""
 
+import contextlib
 import json
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -18,7 +20,7 @@ import sebulba.ppo_lstm_envpool as ppo_lstm
 import sebulba.pqn_envpool as pqn
 import sebulba.sac_envpool as sac
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("share")]  # one worker: the runs are trained once
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "scripts"))
@@ -37,18 +39,27 @@ RUNS = {"ppo": (ppo, [*DISCRETE, "--num-minibatches", "1", "--update-epochs", "1
                       "1000"])}
 
 
-def shared_run(name: str) -> tuple[Path, Path]:
-    """(run directory, its shared folder) of a 2-update run of script `name`, in this test's directory."""
-    module, flags = RUNS[name]
-    module.main(tyro.cli(module.Args, args=[*flags, "--run-name", name]))
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory) -> Path:
+    """A directory holding runs/<name> of a 2-update run of each script (trained once for the module)."""
+    root = tmp_path_factory.mktemp("trained")
+    with contextlib.chdir(root):
+        for name, (module, flags) in RUNS.items():
+            module.main(tyro.cli(module.Args, args=[*flags, "--run-name", name]))
+    return root
+
+
+def shared_run(trained: Path, name: str) -> tuple[Path, Path]:
+    """(run directory, its shared folder), both in this test's directory: a copy of the run, and share.py's folder."""
+    shutil.copytree(trained / "runs" / name, Path("runs") / name)
     folder = share.main([f"runs/{name}", "--episodes", "3", "--seed", "4", "--no-video"])
     return Path("runs") / name, folder
 
 
 @pytest.mark.parametrize("name", list(RUNS))
-def test_a_shared_folder_plays_as_its_run_directory(name):
+def test_a_shared_folder_plays_as_its_run_directory(trained, name):
     """Same seed, greedy: the folder, without the run directory, plays the same games as the run directory does."""
-    run, folder = shared_run(name)
+    run, folder = shared_run(trained, name)
     assert folder == Path("shared") / f"{'Pendulum-v1' if name == 'sac' else 'CartPole-v1'}-{name}_envpool-seed1"
     assert {p.name for p in folder.iterdir()} == {"README.md", "config.json", "eval.json", "model.msgpack",
                                                   "summary.json", "tensorboard"}
@@ -63,8 +74,8 @@ def test_a_shared_folder_plays_as_its_run_directory(name):
     assert recorded["returns"] == evaluate.main([str(folder), "--episodes", "3", "--seed", "4", "--json"])["returns"]
 
 
-def test_the_model_card_and_the_folder_say_what_the_agent_is(monkeypatch):
-    run, folder = shared_run("ppo")
+def test_the_model_card_and_the_folder_say_what_the_agent_is(trained):
+    run, folder = shared_run(trained, "ppo")
     card = ModelCard.load(folder / "README.md")  # huggingface_hub's own parser, as the Hub reads it
     result = json.loads((folder / "eval.json").read_text())
     assert card.data.library_name == "sebulba" and {"CartPole-v1", "PPO", "reinforcement-learning"} <= set(card.data.tags)
@@ -89,8 +100,8 @@ def cli(*argv, env=None):
                           env={**os.environ, **(env or {})})
 
 
-def test_a_partial_altered_or_mismatched_folder_is_refused_in_one_line():
-    _, folder = shared_run("ppo")
+def test_a_partial_altered_or_mismatched_folder_is_refused_in_one_line(trained):
+    _, folder = shared_run(trained, "ppo")
     model = (folder / "model.msgpack").read_bytes()
     (folder / "model.msgpack").write_bytes(model[:-1] + bytes([model[-1] ^ 1]))  # one bit
     out = cli(str(ROOT / "scripts" / "evaluate.py"), str(folder))
@@ -112,9 +123,8 @@ def test_a_partial_altered_or_mismatched_folder_is_refused_in_one_line():
         evaluate.main([str(folder)])
 
 
-def test_the_upload_without_a_token_stops_in_one_line_with_the_folder_written(tmp_path):
-    module, flags = RUNS["ppo"]
-    module.main(tyro.cli(module.Args, args=[*flags, "--run-name", "ppo"]))
+def test_the_upload_without_a_token_stops_in_one_line_with_the_folder_written(trained, tmp_path):
+    shutil.copytree(trained / "runs" / "ppo", Path("runs") / "ppo")
     env = {"HF_HOME": str(tmp_path / "hf"), "HF_TOKEN": "", "HF_HUB_OFFLINE": "0"}
     env_clean = {k: v for k, v in {**os.environ, **env}.items() if k != "HF_TOKEN"}
     out = subprocess.run([sys.executable, str(ROOT / "scripts" / "share.py"), "runs/ppo", "--episodes", "2",
