@@ -25,6 +25,7 @@ import time
 import warnings
 from pathlib import Path
 
+import numpy as np
 import psutil
 
 warnings.filterwarnings("ignore", module="gymnasium")
@@ -316,6 +317,19 @@ def logged_lines(workdir: Path) -> list[tuple]:
                 lines.pop()
             lines.append((offset + last, step, int(match[2]), None if match[5] == "n/a" else float(match[5])))
     return lines
+
+
+def random_stepper(envs):
+    """For an EnvPool pool after `async_reset`: a function that does one `recv` and sends uniformly random
+    discrete actions to the envs received, returning how many env steps it took."""
+    rng, n = np.random.default_rng(0), envs.action_space.n
+
+    def step():
+        info = envs.recv()[-1]
+        envs.send(rng.integers(0, n, len(info["env_id"])).astype(np.int32), info["env_id"])
+        return len(info["env_id"])
+
+    return step
 
 
 def steady_rates(lines: list[tuple], skip: int = 1) -> tuple[float, float]:

@@ -41,6 +41,7 @@ temporary directory): it checks that the script works, not how fast anything is.
 
 from __future__ import annotations
 
+import os
 import shutil
 import subprocess
 import sys
@@ -50,7 +51,8 @@ from pathlib import Path
 
 import numpy as np
 
-from common import RESULTS, ROOT, CpuSampler, PeriodicSampler, cli_parser, run_script, save, spread, steady_rates
+from common import (RESULTS, ROOT, CpuSampler, PeriodicSampler, cli_parser, random_stepper, run_script, save, spread,
+                    steady_rates)
 
 WINDOW_S = 30  # seconds of steady training measured per run
 REPEATS_UNTIL_S = 300  # a second run of each starts only before this many seconds
@@ -93,22 +95,21 @@ class GpuMemorySampler(PeriodicSampler):
             self.peak_mib = max(self.peak_mib, sum(map(int, out)))
 
 
+def visible_gpus() -> int:
+    """The GPUs JAX sees, asked in a child process (this one starts no JAX backend); 0 where it sees none."""
+    probe = subprocess.run([sys.executable, "-c", "import jax; print(len(jax.devices('gpu')))"], capture_output=True,
+                           text=True, check=False)
+    return int(probe.stdout) if probe.returncode == 0 and probe.stdout.strip().isdigit() else 0
+
+
 def refusal() -> str | None:
     """Why this machine cannot run the check (one line), or None when JAX sees a GPU."""
     if not shutil.which("nvidia-smi"):
         return ("benchmark/gpu.py needs an NVIDIA GPU: nvidia-smi is not on this machine (run it where a GPU is lent, "
                 "or --dry-run to check the script on this CPU)")
-    probe = subprocess.run([sys.executable, "-c", "import jax; print(len(jax.devices('gpu')))"], capture_output=True,
-                           text=True, check=False)
-    if probe.returncode or not probe.stdout.strip().isdigit() or int(probe.stdout) == 0:
+    if visible_gpus() == 0:
         return "benchmark/gpu.py: JAX sees no GPU here; install the cuda extra: pip install -e '.[cuda,bench]'"
     return None
-
-
-def gpu_count() -> int:
-    probe = subprocess.run([sys.executable, "-c", "import jax; print(len(jax.devices('gpu')))"], capture_output=True,
-                           text=True, check=False)
-    return int(probe.stdout)
 
 
 def layout_flags(name: str) -> list[str]:
@@ -122,14 +123,8 @@ def measure_envpool(cores: int, seconds: float) -> dict:
     from sebulba.envs import make_envs
     num_envs = 4 * cores
     envs = make_envs("Breakout-v5", num_envs, num_envs // 2, seed=0, num_threads=cores)
-    rng, n = np.random.default_rng(0), envs.action_space.n
     envs.async_reset()
-
-    def step():
-        info = envs.recv()[-1]
-        envs.send(rng.integers(0, n, len(info["env_id"])).astype(np.int32), info["env_id"])
-        return len(info["env_id"])
-
+    step = random_stepper(envs)
     for _ in range(20):
         step()  # warm-up: every env past its reset
     with CpuSampler(period=0.5) as cpu:
@@ -204,7 +199,7 @@ if __name__ == "__main__":
         if reason := refusal():
             print(reason, file=sys.stderr)
             sys.exit(2)
-        gpus, cores = gpu_count(), len(__import__("os").sched_getaffinity(0))
+        gpus, cores = visible_gpus(), len(os.sched_getaffinity(0))
     path = save("gpu", {"dry_run": cli.dry_run, "gpus_used": gpus, "results": run(cli.dry_run, cores, gpus)}, cli.out)
     print("written:", path)
     from report import report  # matplotlib: only once there is something to plot

@@ -45,7 +45,7 @@ jax.config.update("jax_num_cpu_devices", 4)
 import numpy as np  # noqa: E402
 import tyro  # noqa: E402
 
-from common import TASKS, cli_parser, save, spread  # noqa: E402
+from common import TASKS, cli_parser, random_stepper, save, spread  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from sebulba import ppo_envpool as ppo  # noqa: E402
@@ -76,13 +76,8 @@ def timed(fn, seconds: float, min_calls: int = 1) -> tuple[float, float, int]:
 def env_stage(args: ppo.Args, setup: ppo.Setup, seconds: float) -> tuple[float, float]:
     envs = make_envs(args.env_id, args.local_num_envs, setup.async_batch_size, seed=0, num_threads=setup.num_env_threads,
                      protocol=args.atari_protocol, episodic_life=args.episodic_life)
-    rng, n = np.random.default_rng(0), envs.action_space.n
     envs.async_reset()
-
-    def step():
-        info = envs.recv()[-1]
-        envs.send(rng.integers(0, n, len(info["env_id"])).astype(np.int32), info["env_id"])
-        return len(info["env_id"])
+    step = random_stepper(envs)
     timed(step, 0.2)
     try:
         sps, cpu, _ = timed(step, seconds)

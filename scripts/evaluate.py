@@ -293,9 +293,14 @@ def main(argv: list[str] | None = None) -> dict:
     return result
 
 
-if __name__ == "__main__":
+def run_cli(main):
+    """Run a script's `main()`; input it refuses ends in one line on stderr, exit status 2."""
     try:
         main()
     except Refused as refused:
         print(f"error: {refused}", file=sys.stderr)
         sys.exit(2)
+
+
+if __name__ == "__main__":
+    run_cli(main)

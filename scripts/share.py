@@ -265,16 +265,13 @@ def main(argv: list[str] | None = None) -> Path:
     print(f"written: {folder}/ (return {result['return_mean']:.1f} ± {result['return_std']:.1f} over "
           f"{result['episodes']} games; play it: python scripts/evaluate.py {folder})", flush=True)
     if cli.upload:
-        repo_id = cli.repo_id or f"{cli.hf_entity}/{folder.name if cli.out is None else json.loads((folder / 'config.json').read_text())['export']['repo_name']}"
+        repo_name = json.loads((folder / "config.json").read_text())["export"]["repo_name"]
+        repo_id = cli.repo_id or f"{cli.hf_entity}/{repo_name}"
         print(f"uploaded: {upload(folder, repo_id)}")
     return folder
 
 
 if __name__ == "__main__":
-    from evaluate import Refused
+    from evaluate import run_cli
 
-    try:
-        main()
-    except Refused as refused:
-        print(f"error: {refused}", file=sys.stderr)
-        sys.exit(2)
+    run_cli(main)
