@@ -42,7 +42,7 @@ def slurm(test):
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory, request):
     """The environment that points sbatch, srun and scontrol at a fresh two-node local cluster."""
-    grouped = [item.nodeid for item in request.session.items if item.get_closest_marker("xdist_group")]
+    grouped = [item.nodeid for item in request.session.items if item.get_closest_marker("slurm")]
     if os.environ.get("PYTEST_XDIST_WORKER") and not all(nodeid.endswith("@slurm") for nodeid in grouped):
         pytest.fail("pytest-xdist did not keep the Slurm tests on one worker (two clusters would share ports): "
                     "pytest >= 9.2 with pytest-xdist 3.8 (pytest-dev/pytest-xdist#1386); install the dev extra's "
