@@ -57,6 +57,7 @@ from sebulba.devices import Placement  # noqa: E402
 from sebulba.envs import has_dict_obs, is_atari, is_mujoco, make_envs, resolve_episodic_life  # noqa: E402
 from sebulba.evaluation import run_episodes  # noqa: E402
 from sebulba.networks import make_policy_fn  # noqa: E402
+from sebulba.rundir import software  # noqa: E402
 from share import MODEL_FILE, read_model, trained_with  # noqa: E402  (scripts/share.py: the shared folder's format)
 
 
@@ -158,6 +159,11 @@ def load_shared(folder: Path):
     if not fits:
         raise Refused(f"{folder}/{MODEL_FILE} does not fit the network {recorded['script']} builds at this checkout: "
                       f"play it with the sebulba it was trained with ({trained_with(recorded)})")
+    recorded_versions = (recorded.get("software") or {}).get("versions") or {}
+    differ = [f"{name} {recorded_versions[name]} (here {version})" for name, version in software()["versions"].items()
+              if name in ("jax", "flax", "envpool") and recorded_versions.get(name) not in (None, version)]
+    if differ:  # the params fit; numbers may still differ in the last bits, or an env's dynamics across envpool versions
+        print(f"note: {folder} was trained with {', '.join(differ)}", file=sys.stderr)
     device = jax.local_devices()[0]
     params, moments = jax.device_put((restored["params"], restored["obs_moments"]), device)
     return module, args, agent, spec, (params, moments), recorded["export"]["checkpoint"]

@@ -100,7 +100,7 @@ def cli(*argv, env=None):
                           env={**os.environ, **(env or {})})
 
 
-def test_a_partial_altered_or_mismatched_folder_is_refused_in_one_line(trained):
+def test_a_partial_altered_or_mismatched_folder_is_refused_in_one_line(trained, capsys):
     _, folder = shared_run(trained, "ppo")
     model = (folder / "model.msgpack").read_bytes()
     (folder / "model.msgpack").write_bytes(model[:-1] + bytes([model[-1] ^ 1]))  # one bit
@@ -121,6 +121,11 @@ def test_a_partial_altered_or_mismatched_folder_is_refused_in_one_line(trained):
     (folder / "config.json").write_text(json.dumps({**config, "export": {**config["export"], "format": 99}}))
     with pytest.raises(SystemExit, match="records export format 99, and this checkout reads format 1"):
         evaluate.main([str(folder)])
+    software = {**config["software"], "versions": {**config["software"]["versions"], "flax": "0.1.0"}}
+    (folder / "config.json").write_text(json.dumps({**config, "software": software}))
+    capsys.readouterr()
+    evaluate.main([str(folder), "--episodes", "1"])  # it fits: it plays, and says what differs
+    assert f"note: {folder} was trained with flax 0.1.0 (here " in capsys.readouterr().err
 
 
 def test_the_upload_without_a_token_stops_in_one_line_with_the_folder_written(trained, tmp_path):
