@@ -50,16 +50,24 @@ def load(results: Path, name: str) -> dict | None:
 
 
 def machine_section(data: list[dict], names: list[str]) -> list[str]:
-    m = next(d["machine"] for d in data if d)
-    commits = ", ".join(f"{n} {d['machine'].get('commit') or '?'}"  # a part measured on another CPU names it
-                        + ("" if d["machine"]["cpu"] == m["cpu"] else f" (on {d['machine']['cpu']})")
-                        for n, d in zip(names, data) if d)
-    gpus = ", ".join(m["gpus"]) or "none"
-    dates = " to ".join(sorted({d["machine"]["date"] for d in data if d}))
-    versions = ", ".join(f"{k} {v}" for k, v in m["versions"].items() if v)
-    return ["## Machine", "", "| | |", "| --- | --- |", f"| CPU | {m['cpu']}, {m['cores']} cores, "
-            f"{m['memory_gib']} GiB |", f"| GPU | {gpus} |", f"| software | Python {m['python']}, {versions} |",
-            f"| date | {dates} |", f"| code (git) per part, and the CPU where it differs | {commits} |", ""]
+    """One row per results part: the machine it was measured on (the learning part: the CPUs its rows name), the
+    date and the code."""
+    out = ["## Machine", "", "Each part of these results as it was measured: its CPU (model, family and model "
+           "number, widest vector unit, where recorded), cores, memory, GPU, software, date and code (git; `-dirty`: "
+           "with uncommitted changes).", "",
+           "| part | CPU | cores | memory | GPU | software | date | code |", "| --- | --- | --- | --- | --- | --- | --- | --- |"]
+    for name, d in zip(names, data):
+        if not d:
+            continue
+        m = d["machine"]
+        cpu, date, code = m["cpu"], m["date"], m.get("commit") or "?"
+        if name == "learning":  # each row records its own CPU and code (the learning table)
+            cpu = "; ".join(sorted({r.get("cpu") or cpu for r in d["results"].values()}))
+            date, code = f"last written {date}", "each row's, in its table"
+        versions = ", ".join(f"{k} {v}" for k, v in m["versions"].items() if v and k in ("jax", "envpool"))
+        out.append(f"| {name} | {cpu} | {m['cores']} | {m['memory_gib']} GiB | {', '.join(m['gpus']) or 'none'} | "
+                   f"Python {m['python']}, {versions} | {date} | {code} |")
+    return [*out, ""]
 
 
 def env_section(env: dict, img: Path, rel: str) -> list[str]:

@@ -101,7 +101,7 @@ def test_report_renders_tables_targets_and_plots(tmp_path):
     assert "| CartPole-v1 | a0-l0 | async | 0.40 | 2.00 |" in text  # PPO-LSTM ÷ PPO
     assert "| 600 (600–600) | abc1234, on other cpu |" in text  # each e2e row names its code, and its CPU if not the file's
     assert "| 600 (600–600) | ? |" in text  # a row measured on the file's machine names no CPU
-    assert "startup def5678 (on other cpu)" in text  # a part measured on another CPU than the first part's
+    assert "| startup | other cpu | 2 |" in text and "| def5678 |" in text  # each part names its own CPU and code
     assert "| Hopper-v4 | a0-l0 | 0.1 | 2,000 (2,000–2,000) | 200 | 150 (150–150) | 5% | 60% | abc1234 |" in text
     assert "(best: a0-l0 async) | 30,000 | ≥ 25,000 | met |" in text
     assert "| PPO | 5.9 (5.9–5.9) s | 2.9 (2.9–2.9) s | 59 |" in text
@@ -547,3 +547,24 @@ def test_the_gpu_needs_quoted_in_readme_are_the_recorded_ones():
                    f"A rollout is {mem['rollout_bytes'] / gib:.2f} GiB",
                    f"in flight ({mem['in_flight_bytes'] / gib:.2f} GiB"):
         assert quoted in readme, quoted
+
+
+def test_the_machine_section_has_one_row_per_part_with_its_own_cpu_and_date():
+    """RESULTS.md names, for each results part, the CPU, cores and date it was measured on: no chain of dates, no CPU
+    that measured none of the rows."""
+    def machine(cpu, date, commit):
+        return {"cpu": cpu, "cores": 2, "memory_gib": 23.5, "gpus": [], "python": "3.11", "versions": {"jax": "0.10.2"},
+                "date": date, "commit": commit}
+    startup = {"machine": machine("AMD EPYC, family 25 model 17, AVX-512", "2026-12-03", "aaa1111")}
+    learning = {"machine": machine("Intel Xeon, family 6 model 167, AVX-512", "2026-12-07", "ccc3333"),
+                "results": {"a": {"cpu": "AMD EPYC, family 26 model 2, AVX-512"}, "b": {"cpu": "AMD EPYC, family 26 "
+                                                                                     "model 2, AVX-512"}}}
+    gpu = {"machine": machine("Intel Xeon, family 6 model 167, AVX-512", "2026-12-07", "bbb2222")}
+    text = "\n".join(report.machine_section([startup, None, learning, gpu], ["startup", "memory", "learning", "gpu"]))
+    section = text
+    assert "| gpu | Intel Xeon, family 6 model 167, AVX-512 | 2 | 23.5 GiB | none | Python 3.11, jax 0.10.2 | " \
+           "2026-12-07 | bbb2222 |" in section
+    assert "| learning | AMD EPYC, family 26 model 2, AVX-512 | 2 |" in section  # the CPU its rows ran on
+    rows = [line for line in section.splitlines() if line.startswith("| ") and "---" not in line][1:]
+    assert [row.split(" | ")[0] for row in rows] == ["| startup", "| learning", "| gpu"]  # no part without results
+    assert not any(" to " in row for row in rows) and section.count("AMD EPYC, family 25") == 1
