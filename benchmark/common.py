@@ -365,7 +365,7 @@ def cli_parser(doc: str, name: str, quick: str | None):
     p = argparse.ArgumentParser(description=doc.split("\n\n")[0])
     if quick is not None:
         p.add_argument("--quick", action="store_true", help=quick)
-    p.add_argument("--out", type=Path, default=RESULTS, help=f"directory for {name}.json")
+    p.add_argument("--out", type=Path, default=RESULTS, help=f"directory for {name}.json (default: benchmark/results)")
     return p
 
 

@@ -61,6 +61,13 @@ from sebulba.rundir import software  # noqa: E402
 from share import MODEL_FILE, read_model, trained_with  # noqa: E402  (scripts/share.py: the shared folder's format)
 
 
+class OneLineParser(argparse.ArgumentParser):
+    """argparse whose errors are one line on stderr (`error: ...`, exit status 2), without the usage block."""
+
+    def error(self, message):
+        raise Refused(message)
+
+
 class Refused(SystemExit):
     """Input this script cannot use: one line on stderr (`error: ...`), exit status 2."""
 
@@ -118,8 +125,14 @@ def load(run_dir: Path, checkpoint: int | None):
         raise Refused(f"{run_dir} is not a directory: give a run directory such as runs/<run name>, a folder written "
                       "by scripts/share.py, or a Hugging Face Hub repo id such as <user>/<env id>-<exp name>-seed<seed>")
     if not config.exists():
+        if (run_dir / MODEL_FILE).exists():
+            raise Refused(f"{run_dir} lacks config.json: it is not a whole folder written by scripts/share.py (copy or "
+                          "download it again)")
         raise Refused(f"{run_dir} has no config.json: give a run directory written by a sebulba script")
-    recorded = json.loads(config.read_text())
+    recorded = read_config(config)
+    if (run_dir / MODEL_FILE).exists() and "export" not in recorded:
+        raise Refused(f"{config} has no export entry: {run_dir} is not a whole folder written by scripts/share.py "
+                      "(copy or download it again)")
     if "export" in recorded and not (run_dir / "checkpoints").exists():  # a shared agent's folder (scripts/share.py)
         loaded = load_shared(run_dir)
         if checkpoint is not None and checkpoint != loaded[-1]:
@@ -136,9 +149,30 @@ def load(run_dir: Path, checkpoint: int | None):
     manager = ocp.CheckpointManager((run_dir / "checkpoints").absolute(),
                                     options=ocp.CheckpointManagerOptions(create=False))
     abstract = jax.tree.map(ocp.utils.to_shape_dtype_struct, like)
-    state = manager.restore(update, args=ocp.args.Composite(state=ocp.args.StandardRestore(abstract))).state
-    manager.close()
+    try:
+        state = manager.restore(update, args=ocp.args.Composite(state=ocp.args.StandardRestore(abstract))).state
+    except Exception as error:  # orbax's errors for a damaged checkpoint have no common base
+        raise Refused(f"{run_dir}/checkpoints/{update} cannot be read ({type(error).__name__}: "
+                      f"{str(error).splitlines()[0] if str(error) else ''}): give an older one with --checkpoint "
+                      f"({', '.join(map(str, sorted(steps)))})") from error
+    finally:
+        manager.close()
     return module, args, agent, spec, (state.params, state.obs_moments), update
+
+
+def read_config(path: Path) -> dict:
+    """A run's config.json, parsed.
+
+    Raises:
+      Refused: it is not JSON, or holds no flags.
+    """
+    try:
+        recorded = json.loads(path.read_text())
+    except (json.JSONDecodeError, UnicodeDecodeError) as error:
+        raise Refused(f"{path} is not JSON ({error}): damaged; copy the run or the folder again") from error
+    if not isinstance(recorded, dict) or not isinstance(recorded.get("args"), dict):
+        raise Refused(f"{path} holds no flags (\"args\"): not a config.json a sebulba script wrote")
+    return recorded
 
 
 def load_shared(folder: Path):
@@ -244,8 +278,7 @@ def write_video(path: Path, frames: list[np.ndarray], fps: int):
 
 
 def main(argv: list[str] | None = None) -> dict:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
-                                     formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    parser = OneLineParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     parser.add_argument("run_dir", type=Path, help="runs/<run name> of a training run, a folder scripts/share.py wrote, "
                         "or a Hugging Face Hub repo id (<user>/<env id>-<exp name>-seed<seed>), downloaded first")
     parser.add_argument("--checkpoint", type=int, default=None, help="update number of the checkpoint; default newest")
@@ -258,7 +291,8 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--json", action="store_true", help="print one JSON object instead of a line of text")
     parser.add_argument("--video", type=Path, nargs="?", const=VIDEO_UNDER_RUN, default=None, metavar="PATH",
                         help="write the first episode(s) to this mp4 file; with no PATH, to RUN_DIR/videos/"
-                             "update<N>_seed<S>_<policy>.mp4 (the path is printed)")
+                             "update<N>_seed<S>_<policy>.mp4, or for a shared folder or Hub repo to "
+                             "./videos/<its name>_seed<S>_<policy>.mp4 (the path is printed)")
     parser.add_argument("--video-episodes", type=int, default=1, help="episodes recorded with --video")
     cli = parser.parse_args(argv)
     warnings.filterwarnings("ignore", message=".*precision lowered by casting to float32", category=UserWarning)
@@ -276,8 +310,10 @@ def main(argv: list[str] | None = None) -> dict:
     if cli.greedy is None:  # as the run's own final evaluation
         cli.greedy = bool(getattr(args, "eval_greedy", False))
     policy = "greedy" if cli.greedy else "epsilon-greedy" if getattr(agent, "q_network", False) else "sampled"
-    if cli.video == VIDEO_UNDER_RUN:
-        cli.video = cli.run_dir / "videos" / f"update{update}_seed{cli.seed}_{policy}.mp4"
+    if cli.video == VIDEO_UNDER_RUN:  # a shared folder (or the Hub's cache) stays as it was shared: videos/ here
+        shared = not (cli.run_dir / "checkpoints").is_dir()
+        cli.video = ((Path("videos") / f"{Path(str(cli.run_dir)).name}_seed{cli.seed}_{policy}.mp4") if shared else
+                     cli.run_dir / "videos" / f"update{update}_seed{cli.seed}_{policy}.mp4")
     result = {"run_dir": str(cli.run_dir), "env_id": args.env_id, "checkpoint": update, "seed": cli.seed,
               "policy": policy,
               **evaluate(module, args, agent, spec, params, cli.episodes, cli.seed, cli.greedy, cli.video,
@@ -286,7 +322,7 @@ def main(argv: list[str] | None = None) -> dict:
         lines = [json.dumps(result)]
     else:
         shown = f"ε-greedy (ε {agent.eval_epsilon:g})" if policy == "epsilon-greedy" else policy
-        lines = [f"{args.env_id}, checkpoint {update}, {shown} actions, {cli.episodes} episodes: return "
+        lines = [f"{args.env_id}, checkpoint {update}, {shown} actions, {cli.episodes} episode{'s' * (cli.episodes > 1)}: return "
                  f"{result['return_mean']:.1f} ± {result['return_std']:.1f}, length {result['length_mean']:.1f} ± "
                  f"{result['length_std']:.1f} env steps"
                  + (f", success rate {result['success_rate']:.2f}" if has_dict_obs(args.env_id) else "")]  # MiniGrid

@@ -24,7 +24,9 @@ The repo name is `{env_id}-{exp_name}-seed{seed}`, as Cleanba and CleanRL name t
   and the algorithm, a model-index entry whose mean_reward is the mean ± std over the
   evaluation's games), then the training command and the command that plays it.
 
---upload pushes the folder with huggingface_hub to `{hf_entity}/{repo name}` (or --repo-id).
+The folder is written fresh: an existing one is refused, or with --overwrite replaced where it
+is an earlier export. --upload pushes the folder with huggingface_hub to
+`{hf_entity}/{repo name}` (or --repo-id), and the model card's play command names that repo.
 Without a token it stops with one line, exit status 2, after writing the folder; an upload that
 fails (no network, no such user) stops with one line, exit status 1. A run directory without
 a config or a checkpoint gets one line, exit status 2.
@@ -37,6 +39,7 @@ import dataclasses
 import hashlib
 import json
 import os
+import re
 import shlex
 import shutil
 import sys
@@ -86,7 +89,9 @@ def read_model(folder: Path) -> tuple[dict, dict]:
     if missing:
         refuse(f"{folder} lacks {' and '.join(missing)}: it is not a whole folder written by scripts/share.py "
                "(copy or download it again)")
-    recorded = json.loads((folder / "config.json").read_text())
+    from evaluate import read_config
+
+    recorded = read_config(folder / "config.json")
     export = recorded.get("export") or {}
     if export.get("format") != FORMAT:
         refuse(f"{folder}/config.json records export format {export.get('format')}, and this checkout reads format "
@@ -144,23 +149,41 @@ def model_card(recorded: dict, result: dict, repo_name: str, train: str, play: s
     return "\n".join(lines)
 
 
-def export(run_dir: Path, out: Path | None, checkpoint: int | None, episodes: int, seed: int, video: bool) -> Path:
-    """Write the shared folder of `run_dir` (module docstring) and return its path.
+def repo_name_of(recorded: dict) -> str:
+    """`{env_id}-{exp_name}-seed{seed}` of a run's config.json content, as Cleanba and CleanRL name their repos."""
+    args = recorded["args"]
+    return f"{str(args['env_id']).replace('/', '_')}-{args.get('exp_name')}-seed{args.get('seed')}"
+
+
+def export(run_dir: Path, out: Path | None, checkpoint: int | None, episodes: int, seed: int, video: bool,
+           repo_id: str | None = None, overwrite: bool = False) -> Path:
+    """Write the shared folder of `run_dir` (module docstring) and return its path; its model card's play command
+    names `repo_id` where it is known (an upload), else <user>/<repo name>.
 
     Raises:
-      Refused: what scripts/evaluate.py refuses for the run directory.
+      Refused: what scripts/evaluate.py refuses for the run directory; an existing folder at `out` (without
+        `overwrite`, or one scripts/share.py did not write).
     """
     import flax.serialization
     import jax
 
     import evaluate
 
+    if not run_dir.is_dir():
+        refuse(f"{run_dir} does not exist: give the run directory of a training run, runs/<run name>")
     if not (run_dir / "checkpoints").is_dir():
         refuse(f"{run_dir} holds no checkpoints/: give the run directory of a training run, runs/<run name>")
-    module, args, agent, spec, (params, moments), update = evaluate.load(run_dir, checkpoint)
-    recorded = json.loads((run_dir / "config.json").read_text())
-    repo_name = f"{args.env_id.replace('/', '_')}-{args.exp_name}-seed{args.seed}"
+    recorded = evaluate.read_config(run_dir / "config.json") if (run_dir / "config.json").exists() else None
+    repo_name = repo_name_of(recorded) if recorded else run_dir.name
     out = out or Path("shared") / repo_name
+    if out.exists() and any(out.iterdir()):  # a folder is uploaded whole: nothing of an earlier one may stay in it
+        ours = (out / "config.json").exists() and "export" in evaluate.read_config(out / "config.json")
+        if not overwrite or not ours:
+            refuse(f"{out} exists and is not empty: give another --out" + (
+                ", or --overwrite to replace that earlier export" if ours else
+                " (it is not a folder scripts/share.py wrote, so --overwrite will not delete it)"))
+        shutil.rmtree(out)
+    module, args, agent, spec, (params, moments), update = evaluate.load(run_dir, checkpoint)
     out.mkdir(parents=True, exist_ok=True)
     state = {"params": flax.serialization.to_state_dict(params), "obs_moments": flax.serialization.to_state_dict(moments)}
     (out / MODEL_FILE).write_bytes(flax.serialization.msgpack_serialize(jax.device_get(state)))
@@ -182,9 +205,9 @@ def export(run_dir: Path, out: Path | None, checkpoint: int | None, episodes: in
     result = {"env_id": args.env_id, "checkpoint": update, "seed": seed, "policy": policy, **result}
     result.pop("video", None)
     (out / "eval.json").write_text(json.dumps(result, indent=2))
-    for name in ("summary.json",):
-        if (run_dir / name).exists():
-            shutil.copyfile(run_dir / name, out / name)
+    if (run_dir / "summary.json").exists():  # this machine's paths stay here: the run directory's own name instead
+        here = str(run_dir.absolute())
+        (out / "summary.json").write_text((run_dir / "summary.json").read_text().replace(here, f"runs/{run_dir.name}"))
     events = sorted(run_dir.glob("events.out.tfevents.*"))
     if events:
         (out / "tensorboard").mkdir(exist_ok=True)
@@ -192,7 +215,7 @@ def export(run_dir: Path, out: Path | None, checkpoint: int | None, episodes: in
             shutil.copyfile(path, out / "tensorboard" / path.name)
     meta = json.loads((run_dir / "checkpoints" / str(update) / "meta" / "metadata").read_text()) \
         if (run_dir / "checkpoints" / str(update) / "meta" / "metadata").exists() else {}
-    play = f"python scripts/evaluate.py <user>/{repo_name} --episodes {episodes} --seed {seed}"
+    play = f"python scripts/evaluate.py {repo_id or f'<user>/{repo_name}'} --episodes {episodes} --seed {seed}"
     recorded["export"] = {"format": FORMAT, "checkpoint": update, "global_step": meta.get("global_step", update *
                                                                                              _batch(module, args)),
                           "model_sha256": sha256(out / MODEL_FILE), "repo_name": repo_name,
@@ -233,10 +256,12 @@ def upload(folder: Path, repo_id: str) -> str:
 
 
 def main(argv: list[str] | None = None) -> Path:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
-                                     formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    from evaluate import OneLineParser, read_config
+
+    parser = OneLineParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     parser.add_argument("run_dir", type=Path, help="runs/<run name> of a training run")
     parser.add_argument("--out", type=Path, default=None, help="the folder to write; default shared/<repo name>")
+    parser.add_argument("--overwrite", action="store_true", help="replace an earlier export at the same folder")
     parser.add_argument("--checkpoint", type=int, default=None, help="update number of the checkpoint; default newest")
     parser.add_argument("--episodes", type=int, default=10, help="evaluation games for eval.json and the model card")
     parser.add_argument("--seed", type=int, default=0, help="the evaluation's env and action seed")
@@ -251,6 +276,12 @@ def main(argv: list[str] | None = None) -> Path:
         parser.error(f"--episodes {cli.episodes} must be positive")
     if cli.upload and not (cli.hf_entity or cli.repo_id):
         parser.error("--upload needs --hf-entity <user> (or --repo-id <user>/<name>)")
+    if not cli.upload and (cli.hf_entity or cli.repo_id):
+        parser.error("--hf-entity and --repo-id name where --upload pushes the folder: add --upload")
+    if cli.hf_entity is not None and not re.fullmatch(r"[\w.-]+", cli.hf_entity):
+        parser.error(f"--hf-entity {cli.hf_entity!r} is not a Hub user or organisation name (letters, digits, - _ .)")
+    if cli.repo_id is not None and not re.fullmatch(r"[\w.-]+/[\w.-]+", cli.repo_id):
+        parser.error(f"--repo-id {cli.repo_id!r} is not a Hub repo id: <user>/<name>")
     if cli.upload:
         try:
             import huggingface_hub  # noqa: F401
@@ -260,13 +291,16 @@ def main(argv: list[str] | None = None) -> Path:
         import huggingface_hub  # noqa: F401 - the model card's metadata
     except ImportError:
         parser.error('scripts/share.py writes the model card with huggingface_hub: pip install -e ".[share]"')
-    folder = export(cli.run_dir, cli.out, cli.checkpoint, cli.episodes, cli.seed, cli.video)
-    result = json.loads((folder / "eval.json").read_text())
-    print(f"written: {folder}/ (return {result['return_mean']:.1f} ± {result['return_std']:.1f} over "
-          f"{result['episodes']} games; play it: python scripts/evaluate.py {folder})", flush=True)
+    repo_id = None
     if cli.upload:
-        repo_name = json.loads((folder / "config.json").read_text())["export"]["repo_name"]
-        repo_id = cli.repo_id or f"{cli.hf_entity}/{repo_name}"
+        config = cli.run_dir / "config.json"
+        repo_id = cli.repo_id or f"{cli.hf_entity}/{repo_name_of(read_config(config)) if config.exists() else ''}"
+    folder = export(cli.run_dir, cli.out, cli.checkpoint, cli.episodes, cli.seed, cli.video, repo_id, cli.overwrite)
+    result = json.loads((folder / "eval.json").read_text())
+    evaluate_py = os.path.relpath(Path(__file__).resolve().parent / "evaluate.py")
+    print(f"written: {folder}/ (return {result['return_mean']:.1f} ± {result['return_std']:.1f} over "
+          f"{result['episodes']} games; play it: python {evaluate_py} {folder})", flush=True)
+    if repo_id:
         print(f"uploaded: {upload(folder, repo_id)}")
     return folder
 

@@ -377,8 +377,8 @@ def run_cli(args_type: type, main, argv: list[str] | None = None) -> int:
 # Flags of CleanRL's and Cleanba's scripts that a user coming from them types, and ours.
 FLAG_HINTS = {"--num-envs": "--local-num-envs (envs per actor thread)", "--gym-id": "--env-id",
               "--cuda": "--actor-device-ids and --learner-device-ids (a GPU is used when JAX has one)",
-              "--capture-video": "scripts/evaluate.py RUN_DIR --video", "--save-model": "nothing: checkpoints are always "
-              "saved (--checkpoint-interval); scripts/share.py RUN_DIR exports one to share",
+              "--capture-video": "scripts/evaluate.py RUN_DIR --video", "--save-model": "--checkpoint-interval (checkpoints are always "
+              "saved; scripts/share.py RUN_DIR exports one to share)",
               "--upload-model": "scripts/share.py RUN_DIR --upload --hf-entity <user>, after training",
               "--hf-entity": "scripts/share.py RUN_DIR --upload --hf-entity <user>, after training", "--total-steps": "--total-timesteps",
               "--policy-lr": "--learning-rate", "--q-lr": "--learning-rate", "--lr": "--learning-rate"}  # SAC's names in the on-policy scripts

@@ -128,6 +128,31 @@ def test_a_partial_altered_or_mismatched_folder_is_refused_in_one_line(trained, 
     assert f"note: {folder} was trained with flax 0.1.0 (here " in capsys.readouterr().err
 
 
+def test_an_existing_folder_is_not_mixed_into_and_bad_flags_stop_before_anything_is_written(trained):
+    """A second export to the same folder is refused (an upload would push the earlier one's files too) unless
+    --overwrite replaces that earlier export; a folder share.py did not write is never deleted."""
+    run, folder = shared_run(trained, "ppo")
+    (folder / "notes.txt").write_text("mine")
+    with pytest.raises(SystemExit, match="exists and is not empty: give another --out, or --overwrite to replace"):
+        share.main([str(run), "--episodes", "1", "--no-video"])
+    share.main([str(run), "--episodes", "1", "--no-video", "--overwrite"])
+    assert not (folder / "notes.txt").exists() and json.loads((folder / "eval.json").read_text())["episodes"] == 1
+    Path("mine").mkdir()
+    (Path("mine") / "keep.txt").write_text("mine")
+    with pytest.raises(SystemExit, match="not a folder scripts/share.py wrote, so --overwrite will not delete it"):
+        share.main([str(run), "--out", "mine", "--overwrite"])
+    assert (Path("mine") / "keep.txt").exists()
+    for argv, message in ((["--hf-entity", "someone"], "add --upload"),
+                          (["--upload", "--repo-id", "noslash"], "is not a Hub repo id"),
+                          (["--episodes", "0"], "--episodes 0 must be positive")):
+        with pytest.raises(SystemExit, match=message):
+            share.main([str(run), "--out", "never", *argv])
+        assert not Path("never").exists()
+    (folder / "config.json").write_text("{broken")
+    with pytest.raises(SystemExit, match="config.json is not JSON"):
+        evaluate.main([str(folder)])
+
+
 def test_the_upload_without_a_token_stops_in_one_line_with_the_folder_written(trained, tmp_path):
     shutil.copytree(trained / "runs" / "ppo", Path("runs") / "ppo")
     env = {"HF_HOME": str(tmp_path / "hf"), "HF_TOKEN": "", "HF_HUB_OFFLINE": "0"}
@@ -141,5 +166,6 @@ def test_the_upload_without_a_token_stops_in_one_line_with_the_folder_written(tr
         "error: no Hugging Face token: run `hf auth login` (or set HF_TOKEN), then the same command; the folder is "
         f"written: {folder}"], out.stderr
     assert (folder / "model.msgpack").exists() and (folder / "README.md").exists()
+    assert "python scripts/evaluate.py someone/CartPole-v1-ppo_envpool-seed1 " in (folder / "README.md").read_text()
     no_entity = cli(str(ROOT / "scripts" / "share.py"), "runs/ppo", "--upload")
     assert no_entity.returncode == 2 and "--upload needs --hf-entity" in no_entity.stderr
