@@ -189,3 +189,20 @@ def test_the_pages_quote_no_line_counts():
     for page in [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]:
         text = " ".join(page.read_text().split())
         assert not re.search(r"~\d+ lines|\| ~\d+ \|", text), page.name
+
+
+def test_the_docs_site_builds_with_every_link_and_anchor_found(tmp_path, monkeypatch):
+    """`mkdocs build --strict` over docs/, README.md as the landing page and benchmark/RESULTS.md as a page: a link
+    to a page or an anchor that does not exist is a warning, and strict mode makes any warning fail the build."""
+    from mkdocs.commands.build import build
+    from mkdocs.config import load_config
+
+    root = Path(__file__).resolve().parents[1]
+    monkeypatch.setenv("NO_MKDOCS_2_WARNING", "1")
+    monkeypatch.chdir(root)
+    build(load_config(str(root / "mkdocs.yml"), strict=True, site_dir=str(tmp_path / "site")))
+    site = tmp_path / "site"
+    assert (site / "index.html").exists() and (site / "results" / "index.html").exists()
+    assert 'href="evaluation/#sharing-a-trained-agent"' in (site / "index.html").read_text()  # README's docs/ links
+    assert (site / "img" / "env_throughput.png").exists() and 'src="../img/env_throughput.png"' in (
+        site / "results" / "index.html").read_text()  # RESULTS.md's ../docs/img/ images
