@@ -576,3 +576,16 @@ def test_readmes_presets_table_is_the_one_generated_from_the_learning_results():
     generated = "\n".join([report.PRESETS_BEGIN, *report.presets_table(learn), report.PRESETS_END])
     assert generated in readme
     assert "| [Atari](#atari) | Breakout-v5/IMPALA/2M-cleanba |" in generated and "**missed** | 1 |" in generated
+
+
+def test_the_stage_timings_in_the_gpu_page_are_the_recorded_ones():
+    """docs/gpus.md's table of CPU time per env step (env, policy, learning) is recomputed from stages.json."""
+    root = Path(__file__).resolve().parents[1]
+    tasks = json.loads((root / "benchmark/results/stages.json").read_text())["tasks"]
+    page = (root / "docs/gpus.md").read_text()
+    for task in ("CartPole-v1", "Breakout-v5 (CleanRL's sizes)"):
+        summary = tasks[task]["summary"]
+        env, policy = (summary[k]["median"] * 1e6 for k in ("env_cpu_s_per_step", "inference_cpu_s_per_step"))
+        learning = statistics.median(tasks[task]["learning_cpu_s_per_step"]["a0-l0"]) * 1e6
+        assert (f"| {task} | {env:,.1f} µs | {policy:,.1f} µs | {learning:,.1f} µs | "
+                f"{100 * learning / (env + policy + learning):.0f} % |") in page, task
