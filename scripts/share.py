@@ -35,7 +35,6 @@ a config or a checkpoint gets one line, exit status 2.
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import hashlib
 import json
 import os
@@ -213,22 +212,16 @@ def export(run_dir: Path, out: Path | None, checkpoint: int | None, episodes: in
         (out / "tensorboard").mkdir(exist_ok=True)
         for path in events:
             shutil.copyfile(path, out / "tensorboard" / path.name)
-    meta = json.loads((run_dir / "checkpoints" / str(update) / "meta" / "metadata").read_text()) \
-        if (run_dir / "checkpoints" / str(update) / "meta" / "metadata").exists() else {}
+    from sebulba.checkpoints import read_meta  # (evaluate.load has read the same checkpoint's state)
     play = f"python scripts/evaluate.py {repo_id or f'<user>/{repo_name}'} --episodes {episodes} --seed {seed}"
-    recorded["export"] = {"format": FORMAT, "checkpoint": update, "global_step": meta.get("global_step", update *
-                                                                                             _batch(module, args)),
+    recorded["export"] = {"format": FORMAT, "checkpoint": update,
+                          "global_step": read_meta(run_dir / "checkpoints", update)["global_step"],
                           "model_sha256": sha256(out / MODEL_FILE), "repo_name": repo_name,
                           "training_command": training_command(module, args), "play_command": play}
     (out / "config.json").write_text(json.dumps(recorded, indent=2))
     (out / "README.md").write_text(model_card(recorded, result, repo_name, recorded["export"]["training_command"],
                                               play, replay is not None))
     return out
-
-
-def _batch(module, args) -> int:
-    from sebulba.config import Cluster
-    return module.resolve(dataclasses.replace(args, distributed=False, track=False), Cluster()).batch_size
 
 
 def upload(folder: Path, repo_id: str) -> str:
@@ -282,15 +275,10 @@ def main(argv: list[str] | None = None) -> Path:
         parser.error(f"--hf-entity {cli.hf_entity!r} is not a Hub user or organisation name (letters, digits, - _ .)")
     if cli.repo_id is not None and not re.fullmatch(r"[\w.-]+/[\w.-]+", cli.repo_id):
         parser.error(f"--repo-id {cli.repo_id!r} is not a Hub repo id: <user>/<name>")
-    if cli.upload:
-        try:
-            import huggingface_hub  # noqa: F401
-        except ImportError:
-            parser.error('--upload needs huggingface_hub: pip install -e ".[share]"')
     try:
-        import huggingface_hub  # noqa: F401 - the model card's metadata
+        import huggingface_hub  # noqa: F401 - the model card's metadata, and --upload
     except ImportError:
-        parser.error('scripts/share.py writes the model card with huggingface_hub: pip install -e ".[share]"')
+        parser.error('scripts/share.py writes the model card (and uploads) with huggingface_hub: pip install -e ".[share]"')
     repo_id = None
     if cli.upload:
         config = cli.run_dir / "config.json"

@@ -59,6 +59,20 @@ def complete_steps(directory: Path) -> list[int]:
     return sorted(int(p.name) for p in directory.iterdir() if p.is_dir() and p.name.isdigit() and is_complete(p))
 
 
+def read_meta(directory: Path, update: int) -> dict:
+    """The JSON metadata saved with checkpoint `update` in `directory` (updates done, global env step,
+    the learner's key, the last episodes, the flags).
+
+    Raises:
+      Exception: orbax's, for a checkpoint it cannot read (they have no common base).
+    """
+    manager = ocp.CheckpointManager(directory.absolute(), options=ocp.CheckpointManagerOptions(create=False))
+    try:
+        return manager.restore(update, args=ocp.args.Composite(meta=ocp.args.JsonRestore())).meta
+    finally:
+        manager.close()
+
+
 def read_resume_meta(directory: Path, flags: RunFlags, num_processes: int = 1) -> dict | None:
     """Metadata of the newest finished checkpoint in `directory`, or None for a new run
     (unfinished ones are skipped: `incomplete_steps`). `flags` (a script's Args) must match the
@@ -71,14 +85,11 @@ def read_resume_meta(directory: Path, flags: RunFlags, num_processes: int = 1) -
     if not steps:
         return None
     update = steps[-1]
-    manager = ocp.CheckpointManager(directory.absolute(), options=ocp.CheckpointManagerOptions(create=False))
     try:
-        meta = manager.restore(update, args=ocp.args.Composite(meta=ocp.args.JsonRestore())).meta
+        meta = read_meta(directory, update)
     except Exception as error:  # noqa: BLE001 - any unreadable checkpoint is the same error to the user
         raise ConfigError(f"cannot read checkpoint {directory}/{update} ({type(error).__name__}); "
                           "delete it or use a new --run-name") from error
-    finally:
-        manager.close()
     saved = meta["args"]
     now = json.loads(json.dumps(dataclasses.asdict(flags)))
     # A deterministic run restarts its envs at every checkpoint interval: the interval is part of the run.
