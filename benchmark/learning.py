@@ -155,6 +155,25 @@ SAC_MUJOCO = ["--total-timesteps", "1000000"]
 # Walker2d 3,000); a curve read by eye, no std.
 SAC_MUJOCO_300K = ["--total-timesteps", "300000"]
 
+# Task families beyond MuJoCo, Atari and MiniGrid (README.md#tasks), each the scripts' own defaults unless named.
+# LunarLander-v2 (Box2D vectors, 4 actions; "solved" at a mean return of 200): PPO with rl-baselines3-zoo's tuned
+# LunarLander hyperparameters (16 envs x 1024 steps, minibatches of 64 transitions: here 256 of 64, 4 epochs, gamma
+# 0.999, GAE lambda 0.98, entropy 0.01, 1M env steps) on the scripts' 64-64 tanh MLP; PQN with the CartPole
+# preset's batch layout and LayerNorm MLP, wider (256 256), epsilon 1 -> 0.05 over half the run, gamma 0.99.
+LUNAR_PPO = ["--env-id", "LunarLander-v2", "--total-timesteps", "1000000", "--local-num-envs", "16", "--num-steps",
+             "1024", "--num-actor-threads", "1", "--hiddens", "64", "64", "--num-minibatches", "256",
+             "--update-epochs", "4", "--learning-rate", "3e-4", "--gamma", "0.999", "--gae-lambda", "0.98",
+             "--ent-coef", "0.01", "--clip-coef", "0.2"]
+LUNAR_PQN = ["--env-id", "LunarLander-v2", "--total-timesteps", "1000000", "--local-num-envs", "32", "--num-steps",
+             "64", "--num-minibatches", "16", "--update-epochs", "4", "--hiddens", "256", "256", "--end-e", "0.05",
+             "--exploration-fraction", "0.5", "--learning-rate", "2.5e-4"]
+# dm_control through EnvPool (its observation dict flattened in the task's key order; 1,000 steps a game, action
+# repeat 1, so env steps are simulator control steps). SAC with the script's defaults (CleanRL's
+# sac_continuous_action.py) at 500k env steps, against "State SAC" of Laskin et al. 2020 (CURL, Table 1, 500K step
+# scores: env steps, action repeat 1): cheetah run 795 +- 30, walker walk 948 +- 54. PPO with the MuJoCo preset
+# (observation and reward normalisation on, as MuJoCo's) at 1M env steps: a curve beside SAC's.
+DMC_SAC = ["--total-timesteps", "500000"]
+
 # Added to every launch of a script and left out of the run's flags hash (they change no result): checkpoints often
 # enough that a run killed outright (SIGKILL at a session's end, no SIGTERM to save on) loses minutes, not the ~17 of
 # SAC's default 1000 updates. SAC's 100 updates are ~13k env steps (about a minute here); a checkpoint with the replay
@@ -215,6 +234,17 @@ TASKS = {
     "Breakout-v5/IMPALA/2M-cleanba-tf1-rmsprop": ("impala_envpool.py", BREAKOUT_IMPALA_CLEANBA_TF1, 1, None, None),
     "Breakout-v5/IMPALA/2M-cleanba-resnet": ("impala_envpool.py", BREAKOUT_IMPALA_CLEANBA_RESNET, 1,
                                              CLEANBA_IMPALA_BREAKOUT, "last-20 mean ≥ 20 (random play ≈ 1.5)"),
+    "LunarLander-v2/PPO/1M": ("ppo_envpool.py", LUNAR_PPO, 1, (200.0, 0.0, "the task's 'solved' threshold"),
+                              "last-20 mean ≥ 200 (solved)"),
+    "LunarLander-v2/PQN/1M": ("pqn_envpool.py", LUNAR_PQN, 1, (200.0, 0.0, "the task's 'solved' threshold"),
+                              "last-20 mean ≥ 200 (solved)"),
+    "CheetahRun-v1/SAC/500k": ("sac_envpool.py", ["--env-id", "CheetahRun-v1", *DMC_SAC], 1,
+                               (795.0, 30.0, "State SAC, Laskin et al. 2020 (CURL) Table 1, 500k env steps"),
+                               "mean ≥ ref − 1 std"),
+    "WalkerWalk-v1/SAC/500k": ("sac_envpool.py", ["--env-id", "WalkerWalk-v1", *DMC_SAC], 1,
+                               (948.0, 54.0, "State SAC, Laskin et al. 2020 (CURL) Table 1, 500k env steps"),
+                               "mean ≥ ref − 1 std"),
+    "CheetahRun-v1/PPO/1M": ("ppo_envpool.py", ["--env-id", "CheetahRun-v1", *PPO_MUJOCO], 1, None, None),
     "Breakout-v5/PPO/2M-cleanrl": ("ppo_envpool.py", BREAKOUT_PPO_CLEANRL, 1,
                                    (40.0, None, "CleanRL ppo_atari_envpool.py, its docs' curve at 2M env steps"),
                                    "last-20 mean ≥ 30 (random play ≈ 1.5)"),

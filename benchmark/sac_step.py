@@ -31,7 +31,6 @@ from common import cli_parser, machine, save, spread  # noqa: E402
 from sebulba import replay  # noqa: E402
 from sebulba import sac_envpool as sac  # noqa: E402
 from sebulba.devices import Placement  # noqa: E402
-from sebulba.envs import make_spec  # noqa: E402
 
 STEPS_PER_PROGRAM = 128  # 8 envs x 16 steps at replay ratio 1
 

@@ -54,7 +54,7 @@ sys.path.insert(0, str(ROOT))
 from sebulba.checkpoints import complete_steps  # noqa: E402
 from sebulba.config import Cluster  # noqa: E402
 from sebulba.devices import Placement  # noqa: E402
-from sebulba.envs import has_dict_obs, is_atari, is_mujoco, make_envs, resolve_episodic_life  # noqa: E402
+from sebulba.envs import is_minigrid, is_atari, is_mujoco, make_envs, resolve_episodic_life  # noqa: E402
 from sebulba.evaluation import run_episodes  # noqa: E402
 from sebulba.networks import make_policy_fn  # noqa: E402
 from sebulba.rundir import software  # noqa: E402
@@ -255,7 +255,7 @@ def evaluate(module, args, agent, spec, params, episodes: int, seed: int, greedy
     result = {"episodes": episodes, "return_mean": float(returns.mean()), "return_std": float(returns.std()),
               "length_mean": float(lengths.mean()), "length_std": float(lengths.std()),
               "returns": returns.tolist(), "lengths": lengths.tolist()}
-    if has_dict_obs(args.env_id):  # MiniGrid's and BabyAI's success: a positive return, the goal reached
+    if is_minigrid(args.env_id):  # MiniGrid's and BabyAI's success: a positive return, the goal reached
         result["success_rate"] = float(np.mean(returns > 0))
     if video is not None:
         write_video(video, [f for episode in frames for f in episode], fps=15 if is_atari(args.env_id) else 50)
@@ -325,7 +325,7 @@ def main(argv: list[str] | None = None) -> dict:
         lines = [f"{args.env_id}, checkpoint {update}, {shown} actions, {cli.episodes} episode{'s' * (cli.episodes > 1)}: return "
                  f"{result['return_mean']:.1f} ± {result['return_std']:.1f}, length {result['length_mean']:.1f} ± "
                  f"{result['length_std']:.1f} env steps"
-                 + (f", success rate {result['success_rate']:.2f}" if has_dict_obs(args.env_id) else "")]  # MiniGrid
+                 + (f", success rate {result['success_rate']:.2f}" if is_minigrid(args.env_id) else "")]  # MiniGrid
         if cli.video is not None:
             lines.append(f"video: {cli.video} ({result['video_frames']} frames)")
     try:

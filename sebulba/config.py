@@ -26,7 +26,8 @@ from typing import Literal
 import envpool
 import tyro
 
-from sebulba.envs import ATARI_PROTOCOLS, has_dict_obs, is_atari, is_mujoco, resolve_episodic_life
+from sebulba.envs import (ATARI_PROTOCOLS, UnsupportedObservations, is_atari, is_minigrid, is_mujoco, is_procgen,
+                          observations, procgen_levels, resolve_episodic_life)
 from sebulba.missions import reads_mission
 
 
@@ -54,7 +55,7 @@ class RunFlags:
     """run directory name under runs/; default {env_id}__{exp_name}__{seed}__{unix time}"""
 
     env_id: str = "Breakout-v5"
-    """EnvPool task id: Atari `*-v5` (IMPALA ResNet), a vector task with discrete or Box actions (MLP), or MiniGrid/BabyAI"""
+    """EnvPool task id: pixels (Atari `*-v5`, Procgen, CarRacing: a conv encoder), vectors (MuJoCo, dm_control's dicts flattened, classic control, Box2D, toy text one-hot: an MLP), or MiniGrid/BabyAI (README.md#tasks)"""
     total_timesteps: int = 50_000_000
     """env steps to train for, summed over every env (Atari: frames = 4 x env steps)"""
     local_num_envs: int = 60
@@ -67,6 +68,10 @@ class RunFlags:
     """Atari env settings of one published setup (docs/ppo_envpool.md#atari-protocols): cleanba (Cleanba's cleanba_ppo.py: sticky actions 0.25, 18 actions, <= 1 no-op, FIRE at reset), cleanrl (CleanRL's ppo_atari_envpool.py: EnvPool's defaults + life loss ends a training episode), machado (Machado et al. 2018: as cleanba, no FIRE at reset)"""
     episodic_life: bool | None = None
     """Atari: end a training episode at every life loss (the raw game return is still logged per game); None: as --atari-protocol says (cleanrl: on)"""
+    procgen_num_levels: int = 0
+    """Procgen: train on this many levels from --procgen-start-level (Cobbe et al. 2020's generalisation protocol: 200 on Easy ids, 500 on Hard); 0 = every level; evaluation always plays the unbounded distribution (unseen levels); the id names the distribution mode"""
+    procgen_start_level: int = 0
+    """Procgen: the first of the training levels"""
     norm_obs: bool | None = None
     """True: normalise observations by their running mean and std, clipped to +-10; None: on for MuJoCo tasks"""
     norm_reward: bool | None = None
@@ -153,7 +158,9 @@ def check_env_id(env_id: str):
     id: its spec and registry lookups raise a bare KeyError for an unknown one.
 
     Raises:
-      ConfigError: an unknown id, with the closest EnvPool ids; a task in BROKEN_TASKS, with why.
+      ConfigError: an unknown id, with the closest EnvPool ids; a task in BROKEN_TASKS, with why; a
+        task whose observations no script takes (`sebulba.envs.observations`), or whose family
+        EnvPool cannot load here (Procgen without the Qt 5 runtime), with what to do.
     """
     if env_id not in envpool.list_all_envs():
         close = difflib.get_close_matches(env_id, envpool.list_all_envs(), n=3)
@@ -161,29 +168,39 @@ def check_env_id(env_id: str):
         raise ConfigError(f"--env-id {env_id} is not an EnvPool task{hint}")
     if env_id in BROKEN_TASKS:
         raise ConfigError(f"--env-id {env_id} cannot run: {BROKEN_TASKS[env_id]}")
+    try:
+        observations(env_id)
+    except UnsupportedObservations as error:
+        raise ConfigError(f"--env-id {error}") from None
+    except ImportError as error:  # EnvPool's Procgen without the Qt 5 runtime (libQt5Gui.so.5)
+        family = envpool.registration.registry.specs[env_id][0].removeprefix("envpool.")
+        fix = ("install the Qt 5 runtime: apt-get install libqt5gui5 (Debian, Ubuntu) or dnf install qt5-qtbase"
+               if family == "procgen" else str(error).splitlines()[0])
+        raise ConfigError(f"--env-id {env_id}: EnvPool's {family} tasks cannot load here; {fix}") from None
 
 
 ATARI_ENCODERS = ("impala", "nature")  # --atari-encoder's choices: sebulba.networks.make_atari_encoder
 
 
 def check_network(env_id: str, channels, hiddens, atari_encoder: str = "impala"):
-    """Atari's encoders: --atari-encoder names one of ATARI_ENCODERS; the IMPALA
-    ResNet needs at least one conv stack and one dense layer, the Nature CNN one dense layer.
+    """The conv encoders of pixel tasks (Atari, Procgen, CarRacing: `sebulba.envs.observations`):
+    --atari-encoder names one of ATARI_ENCODERS; the IMPALA ResNet needs at least one conv stack and
+    one dense layer, the Nature CNN one dense layer.
 
     Raises:
       ConfigError: `env_id` is not an EnvPool task (`check_env_id`, first), --atari-encoder is
-        unknown, or --channels or --hiddens is empty where the Atari encoder needs them.
+        unknown, or --channels or --hiddens is empty where the pixel encoder needs them.
     """
     check_env_id(env_id)
     if atari_encoder not in ATARI_ENCODERS:
         raise ConfigError(f"--atari-encoder {atari_encoder}: use one of {', '.join(ATARI_ENCODERS)}")
-    if not is_atari(env_id):
+    if observations(env_id).kind != "pixels":
         return
     if atari_encoder == "nature" and not hiddens:
         raise ConfigError("--hiddens is empty: the Nature CNN needs at least one dense layer (the paper's: 512)")
     if atari_encoder == "impala" and (not channels or not hiddens):
         raise ConfigError(f"--channels {' '.join(map(str, channels))} --hiddens {' '.join(map(str, hiddens))}: "
-                          "Atari's IMPALA ResNet needs at least one width in each (defaults: 16 32 32 and 256)")
+                          "the IMPALA ResNet needs at least one width in each (defaults: 16 32 32 and 256)")
 
 
 def nearest_multiples(value: int, divisor: int) -> str:
@@ -319,6 +336,7 @@ class Setup:
     read_mission: bool = False  # --read-mission resolved (None: on where the task's mission varies)
     episodic_life: bool = False  # --episodic-life resolved (None: the --atari-protocol's; never outside Atari)
     atari_protocol: str | None = None  # --atari-protocol where it applies (Atari); None: the task is not Atari
+    procgen_levels: dict | None = None  # Procgen: {"train": envpool's level settings, "eval": ..., "distribution_mode"}
 
 
 def check_wandb_login():
@@ -350,7 +368,7 @@ def resolve_run(flags: RunFlags, num_steps: int, cluster: Cluster = Cluster()) -
     check_ranges(flags, positive=("local_num_envs", "num_actor_threads", "total_timesteps", "log_frequency"),
                  above_zero=("stall_timeout_s",),
                  non_negative=("max_policy_lag", "checkpoint_interval", "eval_interval", "eval_episodes",
-                               "num_env_threads"))  # a negative thread count aborts inside EnvPool
+                               "num_env_threads", "procgen_num_levels", "procgen_start_level"))  # a negative thread count aborts inside EnvPool
     if flags.run_name is not None and (not flags.run_name or Path(flags.run_name).name != flags.run_name
                                        or flags.run_name in (".", "..")):
         raise ConfigError(f"--run-name {flags.run_name!r} must name one directory inside runs/: no '/', '.' or '..'")
@@ -367,10 +385,12 @@ def resolve_run(flags: RunFlags, num_steps: int, cluster: Cluster = Cluster()) -
     if is_atari(flags.env_id) and (norm_obs or norm_reward):
         raise ConfigError("--norm-obs and --norm-reward are for vector observations; Atari frames are scaled by 1/255 "
                           "and rewards clipped to [-1, 1]")
-    if has_dict_obs(flags.env_id) and norm_obs:
+    if observations(flags.env_id).kind == "pixels" and norm_obs:
+        raise ConfigError(f"--norm-obs is for vector observations; {flags.env_id}'s pixels are scaled by 1/255")
+    if is_minigrid(flags.env_id) and norm_obs:
         raise ConfigError("--norm-obs is for vector observations; a MiniGrid observation holds object, colour and "
                           "state ids, which the network embeds")
-    if flags.read_mission and not has_dict_obs(flags.env_id):
+    if flags.read_mission and not is_minigrid(flags.env_id):
         raise ConfigError(f"--read-mission is for MiniGrid and BabyAI tasks; {flags.env_id} has no mission")
     n = flags.local_num_envs
     lockstep = flags.deterministic or flags.max_policy_lag == 0  # every env in every recv
@@ -413,4 +433,20 @@ def resolve_run(flags: RunFlags, num_steps: int, cluster: Cluster = Cluster()) -
         read_mission=reads_mission(flags.env_id, flags.read_mission),
         episodic_life=resolve_episodic_life(flags.env_id, flags.atari_protocol, flags.episodic_life),
         atari_protocol=flags.atari_protocol if is_atari(flags.env_id) else None,
+        procgen_levels=procgen_record(flags),
     )
+
+
+def procgen_record(flags: RunFlags) -> dict | None:
+    """What a Procgen run trains and evaluates on, for config.json: EnvPool's level settings of the
+    training and the evaluation pools (`sebulba.envs.procgen_levels`) and the distribution mode its
+    id names; None outside Procgen."""
+    if not is_procgen(flags.env_id):
+        return None
+    levels = [procgen_levels(flags.env_id, flags.procgen_start_level, flags.procgen_num_levels, evaluation)
+              for evaluation in (False, True)]
+    mode = envpool.make_spec(flags.env_id).config.distribution_mode
+    return dict(train=levels[0], eval=levels[1], distribution_mode=PROCGEN_MODES.get(mode, mode))
+
+
+PROCGEN_MODES = {0: "easy", 1: "hard", 2: "extreme", 3: "memory", 10: "exploration"}  # procgen's DistributionMode

@@ -1,17 +1,20 @@
-"""EnvPool's training protocol: which task family an id is, the env settings every script
-trains and evaluates with, the pools themselves, the check on each `recv` batch, and the
-pool lifetimes of a --deterministic run."""
+"""EnvPool's training protocol: which task family an id is, how its observations reach the
+network (`observations`: pixels, vectors, MiniGrid's dict), the env settings every script trains
+and evaluates with, the pools themselves, the check on each `recv` batch, and the pool lifetimes
+of a --deterministic run."""
 
 from __future__ import annotations
 
 import functools
 import itertools
-from typing import Any
+from collections.abc import Callable
+from typing import Any, NamedTuple
 
 import envpool
+import gymnasium
 import numpy as np
 
-from sebulba.missions import WordPool, word_spec
+from sebulba.missions import MissionTokenizer, word_space
 
 
 def is_atari(env_id: str) -> bool:
@@ -22,10 +25,91 @@ def is_mujoco(env_id: str) -> bool:
     return envpool.registration.registry.specs[env_id][0].startswith("envpool.mujoco")  # (module, spec class, kw)
 
 
+def is_procgen(env_id: str) -> bool:
+    return envpool.registration.registry.specs[env_id][0] == "envpool.procgen"
+
+
+class UnsupportedObservations(ValueError):
+    """A task whose observations are none of the kinds `observations` serves."""
+
+
+class Observations(NamedTuple):
+    """How a task's observations reach the network, by what they are rather than by family.
+
+    kind: "pixels" (uint8 images served channel-first [C, H, W]: Atari's 4 stacked 84x84 grey
+      frames, Procgen's 3x64x64, CarRacing's 96x96x3 transposed from [H, W, C]; a conv encoder),
+      "minigrid" (MiniGrid's and BabyAI's dict: image, direction, mission as word ids; the
+      MiniGrid encoder), or "vector" (float or integer arrays, flattened by the MLP; a dict of
+      vectors such as dm_control's concatenated in the spec's key order; a Discrete observation
+      as a one-hot float32 vector).
+    space: the observation space as the pools serve it (what rollouts store and networks take).
+    serve: the host-side transform of one `recv` batch, or None where EnvPool's arrays are served.
+    source: EnvPool's own observation space; keys: a dict of vectors' keys in flattening order.
+    """
+
+    kind: str
+    space: Any
+    serve: Callable | None
+    source: Any
+    keys: tuple[str, ...] = ()
+
+
+def _channels_last(shape) -> bool:
+    return shape[-1] <= 4 < shape[0]  # CarRacing (96, 96, 3), gfootball (72, 96, 4); Atari, Procgen are [C, H, W]
+
+
+def _is_vector(space) -> bool:
+    return type(space).__name__ == "Box" and len(space.shape) <= 1
+
+
 @functools.cache
-def has_dict_obs(env_id: str) -> bool:
-    """Whether the task's observations are a dict of arrays (MiniGrid/BabyAI: image, direction, mission)."""
-    return type(envpool.make_spec(env_id).observation_space).__name__ == "Dict"
+def observations(env_id: str) -> Observations:
+    """The `Observations` of `env_id` (see there), from EnvPool's spec.
+
+    Raises:
+      UnsupportedObservations: a dict that is neither MiniGrid's nor a flat dict of vectors (Jumanji's
+        nested dicts), or another space (Tuple, Text), with one line saying what is taken.
+      ImportError: EnvPool cannot load the family (Procgen without the system Qt 5 runtime).
+    """
+    source = envpool.make_spec(env_id).observation_space
+    name = type(source).__name__
+    if name == "Box" and source.dtype == np.uint8 and len(source.shape) == 3:
+        if not _channels_last(source.shape):
+            return Observations("pixels", source, None, source)
+        h, w, c = source.shape
+        return Observations("pixels", gymnasium.spaces.Box(0, 255, (c, h, w), np.uint8),
+                            lambda obs: np.ascontiguousarray(np.moveaxis(obs, -1, 1)), source)
+    if name in ("Box", "MultiBinary"):
+        return Observations("vector", source, None, source)
+    if name == "Discrete":
+        n, start = int(source.n), int(source.start)
+        return Observations("vector", gymnasium.spaces.Box(0.0, 1.0, (n,), np.float32),
+                            lambda obs: np.eye(n, dtype=np.float32)[np.asarray(obs) - start], source)
+    if name == "Dict" and {"image", "direction", "mission"} <= set(source.spaces):
+        tokenize = MissionTokenizer(env_id)
+        return Observations("minigrid", word_space(source, env_id),
+                            lambda obs: {**obs, "mission": tokenize(obs["mission"])}, source)
+    if name == "Dict" and all(_is_vector(sub) for sub in source.spaces.values()):
+        keys = tuple(source.spaces)  # the task's own order (dm_control's observation dict, the robotics tasks')
+        size = sum(int(np.prod(source[k].shape)) for k in keys)
+        dtype = np.result_type(*(source[k].dtype for k in keys))
+        return Observations("vector", gymnasium.spaces.Box(-np.inf, np.inf, (size,), dtype),
+                            lambda obs: np.concatenate([np.asarray(obs[k], dtype).reshape(len(obs[k]), -1)
+                                                        for k in keys], axis=1), source, keys)
+    what = f"a dict of {', '.join(source.spaces)} holding more than vectors" if name == "Dict" else f"a {name} space"
+    raise UnsupportedObservations(
+        f"{env_id}'s observations are {what}; the scripts take pixels (uint8 [H, W, C] or [C, H, W]), vectors, "
+        "a dict of vectors (dm_control), a Discrete value (toy text) or MiniGrid's dict: README.md#tasks")
+
+
+def is_minigrid(env_id: str) -> bool:
+    """Whether the task is MiniGrid's or BabyAI's (its observations a dict: image, direction, mission)."""
+    return observations(env_id).kind == "minigrid"
+
+
+def has_pixels(env_id: str) -> bool:
+    """Whether the task's observations are images (Atari, Procgen, CarRacing), which a conv encoder reads."""
+    return observations(env_id).kind == "pixels"
 
 
 # Named Atari protocols (--atari-protocol): the EnvPool settings of one published setup each, so a run is
@@ -72,21 +156,68 @@ def env_settings(env_id: str, protocol: str = "cleanba", episodic_life: bool | N
 
 
 def make_spec(env_id: str, protocol: str = "cleanba", episodic_life: bool | None = None):
-    """EnvPool's spec of `env_id` under the training protocol (observation and action spaces);
-    MiniGrid's and BabyAI's `mission` as the word ids that `make_envs`'s pools return."""
+    """EnvPool's spec of `env_id` under the training protocol, its observation space as the pools
+    serve it (`observations`: pixels channel-first, a dict of vectors flattened, a Discrete value
+    one-hot, MiniGrid's mission as word ids)."""
     spec = envpool.make_spec(env_id, **env_settings(env_id, protocol, episodic_life))
-    return word_spec(spec, env_id) if has_dict_obs(env_id) else spec
+    served = observations(env_id)
+    return spec if served.serve is None else ServedSpec(spec, served.space)
 
 
 def make_envs(env_id: str, num_envs: int, batch_size: int, seed: int, num_threads: int, protocol: str = "cleanba",
               episodic_life: bool | None = None, **options):
     """EnvPool pool (gymnasium API) with the training protocol's settings (`env_settings`), in
     async mode when batch_size < num_envs; `options` go to envpool.make as they are (render_mode,
-    say). MiniGrid's and BabyAI's observations carry the mission as word ids (sebulba/missions.py),
-    not bytes."""
+    Procgen's levels, say). Observations come as `observations(env_id)` serves them."""
     pool = envpool.make(env_id, env_type="gymnasium", num_envs=num_envs, batch_size=batch_size, seed=seed,
                         num_threads=num_threads, **options, **env_settings(env_id, protocol, episodic_life))
-    return WordPool(pool, env_id) if has_dict_obs(env_id) else pool
+    served = observations(env_id)
+    return pool if served.serve is None else ServedPool(pool, served.serve)
+
+
+class ServedSpec:
+    """An EnvPool spec whose observation space is the served one; everything else is the spec's own."""
+
+    def __init__(self, spec, observation_space):
+        self._spec, self.observation_space = spec, observation_space
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._spec, name)
+
+
+class ServedPool:
+    """An EnvPool pool (gymnasium API) whose observations go through `serve` (`Observations.serve`) in
+    `recv`, `step` and `reset`; everything else is the pool's own."""
+
+    def __init__(self, pool, serve: Callable):
+        self._pool, self._serve = pool, serve
+
+    def recv(self, *args, **kwargs):
+        obs, *rest = self._pool.recv(*args, **kwargs)
+        return (self._serve(obs), *rest)
+
+    def step(self, *args, **kwargs):
+        obs, *rest = self._pool.step(*args, **kwargs)
+        return (self._serve(obs), *rest)
+
+    def reset(self, *args, **kwargs):
+        obs, info = self._pool.reset(*args, **kwargs)
+        return self._serve(obs), info
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._pool, name)
+
+
+def procgen_levels(env_id: str, start_level: int, num_levels: int, evaluation: bool = False) -> dict[str, int]:
+    """Procgen's level settings for `make_envs` (Cobbe et al. 2020, "Leveraging Procedural Generation
+    to Benchmark Reinforcement Learning", section 2.2): training on the `num_levels` levels from
+    `start_level` on (0: every level, EnvPool's default); `evaluation` on the unbounded level
+    distribution (num_levels 0), the paper's test levels, which a training on a bounded set has
+    almost surely not seen. {} outside Procgen. The distribution mode is in the id (StarpilotEasy-v0)."""
+    if not is_procgen(env_id):
+        return {}
+    return dict(start_level=start_level, num_levels=0) if evaluation else dict(start_level=start_level,
+                                                                                num_levels=num_levels)
 
 
 def check_env_ids(env_id, batch_size: int):

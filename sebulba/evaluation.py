@@ -11,7 +11,7 @@ import time
 import jax
 import numpy as np
 
-from sebulba.envs import has_dict_obs, make_envs, resolve_episodic_life
+from sebulba.envs import is_minigrid, make_envs, resolve_episodic_life
 from sebulba.networks import make_policy_fn
 from sebulba.threads import ParamsSlot, Stopped, timed_put
 
@@ -81,19 +81,20 @@ class Evaluator:
     """`episodes` whole episodes (Atari: whole games) with the training protocol's env settings
     (`protocol`, `episodic_life`: the run's --atari-protocol and --episodic-life) on a pool of
     its own (one EnvPool thread), one per env, actions sampled from the policy (its mode with
-    `greedy`, --eval-greedy); see `run_episodes`. Returns eval/* metrics:
+    `greedy`, --eval-greedy); see `run_episodes`. `options` go to `make_envs` (Procgen's
+    evaluation levels, `sebulba.envs.procgen_levels`). Returns eval/* metrics:
     raw episodic return mean and std, mean length in env steps, seconds taken, and on MiniGrid
     and BabyAI (where a task defines success: the goal reached, a positive return) the share
     of episodes that succeeded. `close()` closes
     the pool."""
 
     def __init__(self, env_id: str, episodes: int, agent, action_space, greedy: bool, seed: int,
-                 protocol: str = "cleanba", episodic_life: bool | None = None):
-        self.envs = make_envs(env_id, episodes, episodes, seed, 1, protocol, episodic_life)
+                 protocol: str = "cleanba", episodic_life: bool | None = None, **options):
+        self.envs = make_envs(env_id, episodes, episodes, seed, 1, protocol, episodic_life, **options)
         self.policy = make_policy_fn(agent, action_space, greedy=greedy)
         self.seed, self.key, self.greedy = seed, jax.random.PRNGKey(seed), greedy
         self.episodic_life = resolve_episodic_life(env_id, protocol, episodic_life)
-        self.defines_success = has_dict_obs(env_id)  # MiniGrid and BabyAI: a positive return is the goal reached
+        self.defines_success = is_minigrid(env_id)  # MiniGrid and BabyAI: a positive return is the goal reached
 
     def __call__(self, params, stop) -> dict[str, float]:
         start = time.perf_counter()

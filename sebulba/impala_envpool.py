@@ -58,7 +58,7 @@ if not __package__:  # run as a file: import the shared modules from this checko
 from sebulba.config import (Cluster, ConfigError, RunFlags, Setup, check_network, check_ranges, detect_cluster,
                             normalization, resolve_run)
 from sebulba.devices import Placement, host
-from sebulba.envs import has_dict_obs, is_atari, make_spec, recv_batch
+from sebulba.envs import has_pixels, is_minigrid, make_spec, recv_batch
 from sebulba.learner import Bookkeeping, LearnerState, check_learner_memory, make_normalizer_update
 from sebulba.missions import reads_mission
 from sebulba.networks import (MiniGridEncoder, MLPEncoder, RunningMoments, entropy, log_prob, make_atari_encoder,
@@ -142,7 +142,7 @@ class Agent(nn.Module):
     num_actions: int  # discrete: actions; continuous: action dimensions
     channels: tuple[int, ...]
     hiddens: tuple[int, ...]
-    atari: bool
+    pixels: bool  # pixel observations (Atari, Procgen, CarRacing): the conv encoder
     continuous: bool = False
     norm_obs: bool = False
     minigrid: bool = False
@@ -153,7 +153,7 @@ class Agent(nn.Module):
     def __call__(self, obs, obs_moments: RunningMoments | None = None):
         if self.norm_obs:
             obs = obs_moments.normalize(obs)
-        if self.atari:
+        if self.pixels:
             policy_x = value_x = make_atari_encoder(self.atari_encoder, self.channels, self.hiddens)(obs)
         elif self.minigrid:
             policy_x = value_x = MiniGridEncoder(self.hiddens, mission=self.read_mission)(obs)
@@ -172,8 +172,8 @@ def make_agent(args: Args):
     spec = make_spec(args.env_id, args.atari_protocol, args.episodic_life)
     continuous = type(spec.action_space).__name__ == "Box"
     num_actions = spec.action_space.shape[0] if continuous else spec.action_space.n
-    agent = Agent(num_actions, tuple(args.channels), tuple(args.hiddens), is_atari(args.env_id), continuous,
-                  normalization(args.env_id, args.norm_obs, args.norm_reward)[0], has_dict_obs(args.env_id),
+    agent = Agent(num_actions, tuple(args.channels), tuple(args.hiddens), has_pixels(args.env_id), continuous,
+                  normalization(args.env_id, args.norm_obs, args.norm_reward)[0], is_minigrid(args.env_id),
                   reads_mission(args.env_id, args.read_mission), args.atari_encoder)
     return agent, spec
 

@@ -1,7 +1,7 @@
 """Missions as words: MiniGrid's and BabyAI's instruction (`mission`, the string's bytes in each
 observation) turned on the host into a short sequence of word ids from a fixed vocabulary, before
-anything stores it. Every pool and spec that `sebulba.envs` makes for these tasks goes through
-`WordPool` and `word_spec`, so rollouts, the learner transfer and evaluation carry the ids.
+anything stores it. Every pool and spec that `sebulba.envs` makes for these tasks serves the ids
+(`MissionTokenizer`, `word_space`), so rollouts, the learner transfer and evaluation carry them.
 
 The vocabulary is derived from the grammars that write the missions, as EnvPool 1.2.5 implements
 them (envpool/minigrid/impl: `babyai_instr.cc`, `minigrid_task_utils.h`, the task files):
@@ -17,7 +17,6 @@ them (envpool/minigrid/impl: `babyai_instr.cc`, `minigrid_task_utils.h`, the tas
 from __future__ import annotations
 
 import re
-from typing import Any
 
 import numpy as np
 
@@ -132,44 +131,10 @@ class MissionTokenizer:
         return np.stack(rows) if rows else np.zeros((0, self.width), np.uint8)
 
 
-def word_spec(spec, env_id: str):
-    """EnvPool's spec with the observation space's `mission` as word ids: Box(0, len(VOCAB) - 1, (W,), uint8)."""
+def word_space(space, env_id: str):
+    """MiniGrid's observation space with `mission` as word ids: Box(0, len(VOCAB) - 1, (W,), uint8)."""
     import gymnasium
 
-    spaces = dict(spec.observation_space.spaces)
+    spaces = dict(space.spaces)
     spaces["mission"] = gymnasium.spaces.Box(0, len(VOCAB) - 1, (mission_width(env_id),), np.uint8)
-    return _WordSpec(spec, gymnasium.spaces.Dict(spaces))
-
-
-class _WordSpec:
-    def __init__(self, spec, observation_space):
-        self._spec, self.observation_space = spec, observation_space
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._spec, name)
-
-
-class WordPool:
-    """An EnvPool pool (gymnasium API) whose observations carry the mission as word ids
-    (`MissionTokenizer`); everything else is the pool's own."""
-
-    def __init__(self, pool, env_id: str):
-        self._pool, self.tokenize = pool, MissionTokenizer(env_id)
-
-    def _words(self, obs):
-        return {**obs, "mission": self.tokenize(obs["mission"])}
-
-    def recv(self, *args, **kwargs):
-        obs, *rest = self._pool.recv(*args, **kwargs)
-        return (self._words(obs), *rest)
-
-    def step(self, *args, **kwargs):
-        obs, *rest = self._pool.step(*args, **kwargs)
-        return (self._words(obs), *rest)
-
-    def reset(self, *args, **kwargs):
-        obs, info = self._pool.reset(*args, **kwargs)
-        return self._words(obs), info
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._pool, name)
+    return gymnasium.spaces.Dict(spaces)

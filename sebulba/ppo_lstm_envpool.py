@@ -59,7 +59,7 @@ if not __package__:  # run as a file: import the shared modules from this checko
 from sebulba import ppo_envpool as ppo
 from sebulba.config import Cluster, ConfigError, check_ranges, detect_cluster, normalization, resolve_run
 from sebulba.devices import host
-from sebulba.envs import has_dict_obs, is_atari, make_spec, recv_batch
+from sebulba.envs import has_pixels, is_minigrid, make_spec, recv_batch
 from sebulba.missions import reads_mission
 from sebulba.learner import Bookkeeping, LearnerState, check_learner_memory, make_normalizer_update
 from sebulba.networks import (MiniGridEncoder, MLPEncoder, RecurrentPolicy, RunningMoments, make_atari_encoder,
@@ -117,7 +117,7 @@ class Agent(nn.Module):
     num_actions: int
     channels: tuple[int, ...]
     hiddens: tuple[int, ...]
-    atari: bool
+    pixels: bool  # pixel observations (Atari, Procgen, CarRacing): the conv encoder
     continuous: bool = False
     norm_obs: bool = False
     minigrid: bool = False
@@ -126,7 +126,7 @@ class Agent(nn.Module):
     atari_encoder: str = "impala"  # --atari-encoder
 
     def setup(self):
-        self.encoder = (make_atari_encoder(self.atari_encoder, self.channels, self.hiddens) if self.atari else
+        self.encoder = (make_atari_encoder(self.atari_encoder, self.channels, self.hiddens) if self.pixels else
                         MiniGridEncoder(self.hiddens, mission=self.read_mission) if self.minigrid
                         else MLPEncoder(self.hiddens))
         self.lstm = nn.OptimizedLSTMCell(self.lstm_size)
@@ -158,8 +158,8 @@ def make_agent(args: Args):
     spec = make_spec(args.env_id, args.atari_protocol, args.episodic_life)
     continuous = type(spec.action_space).__name__ == "Box"
     num_actions = spec.action_space.shape[0] if continuous else spec.action_space.n
-    agent = Agent(num_actions, tuple(args.channels), tuple(args.hiddens), is_atari(args.env_id), continuous,
-                  normalization(args.env_id, args.norm_obs, args.norm_reward)[0], has_dict_obs(args.env_id),
+    agent = Agent(num_actions, tuple(args.channels), tuple(args.hiddens), has_pixels(args.env_id), continuous,
+                  normalization(args.env_id, args.norm_obs, args.norm_reward)[0], is_minigrid(args.env_id),
                   args.lstm_size, reads_mission(args.env_id, args.read_mission), args.atari_encoder)
     return agent, spec
 
@@ -404,7 +404,7 @@ def make_update_fn(args: Args, agent: Agent, mesh: Mesh):
     shuffle = jax.jit(jax.shard_map(shuffle, mesh=mesh, in_specs=(env_axis, P()), out_specs=env_axis))
     step = jax.jit(jax.shard_map(step, mesh=mesh, in_specs=(P(), env_axis, env_axis, env_axis, env_axis, P()),
                                  out_specs=(P(), P())))
-    scanned = None if agent.atari else jax.jit(jax.shard_map(
+    scanned = None if agent.pixels else jax.jit(jax.shard_map(
         scanned, mesh=mesh, in_specs=(P(), env_axis, env_axis, env_axis, P()), out_specs=(P(), P())))
     index = [jax.make_array_from_process_local_data(NamedSharding(mesh, P()), np.int32(i)) for i in range(n_mb)]
 

@@ -62,7 +62,7 @@ if not __package__:  # run as a file: import the shared modules from this checko
 from sebulba import config
 from sebulba.config import Cluster, ConfigError, RunFlags, check_network, check_ranges, detect_cluster, resolve_run
 from sebulba.devices import Placement, host
-from sebulba.envs import has_dict_obs, is_atari, make_spec, recv_batch
+from sebulba.envs import has_pixels, is_minigrid, make_spec, recv_batch
 from sebulba.learner import Bookkeeping, LearnerState, check_learner_memory
 from sebulba.networks import LayerNormMLP, NatureEncoder, RunningMoments, make_epsilon_greedy_fn
 from sebulba.rollouts import Rollout, RolloutAssembler, rollout_shapes, zeros_obs
@@ -154,9 +154,9 @@ def resolve(args: Args, cluster: Cluster = Cluster()) -> Setup:
     if type(spec.action_space).__name__ != "Discrete":
         raise ConfigError(f"--env-id {args.env_id} has continuous actions ({spec.action_space}); PQN takes the max "
                           "over discrete actions: use sebulba/sac_envpool.py or sebulba/ppo_envpool.py for this task")
-    if has_dict_obs(args.env_id):
+    if is_minigrid(args.env_id):
         raise ConfigError(f"--env-id {args.env_id} has dictionary observations (MiniGrid/BabyAI); PQN here takes "
-                          "Atari frames and vector observations: use sebulba/ppo_envpool.py for this task")
+                          "pixels and vector observations: use sebulba/ppo_envpool.py for this task")
     setup = resolve_run(args, args.num_steps, cluster)
     per_learner = args.num_steps * setup.envs_per_learner
     if per_learner % args.num_minibatches:
@@ -180,21 +180,21 @@ class QNetwork(nn.Module):
 
     num_actions: int
     hiddens: tuple[int, ...]
-    atari: bool
+    pixels: bool  # pixel observations (Atari, Procgen, CarRacing): the conv encoder
     eval_epsilon: float = 0.0  # ε of a non-greedy evaluation (--no-eval-greedy): --end-e
     q_network = True  # (not a field) sebulba.networks.make_policy_fn: an ε-greedy policy over Q
     continuous = False
 
     @nn.compact
     def __call__(self, obs, obs_moments: RunningMoments | None = None):
-        x = NatureEncoder(self.hiddens, layer_norm=True)(obs) if self.atari else LayerNormMLP(self.hiddens)(obs)
+        x = NatureEncoder(self.hiddens, layer_norm=True)(obs) if self.pixels else LayerNormMLP(self.hiddens)(obs)
         return nn.Dense(self.num_actions, kernel_init=nn.initializers.orthogonal(np.sqrt(2)))(x)
 
 
 def make_agent(args: Args):
     """(QNetwork for --env-id's observations and discrete actions, the env spec with the training protocol's settings)."""
     spec = make_spec(args.env_id, args.atari_protocol, args.episodic_life)
-    return QNetwork(spec.action_space.n, tuple(args.hiddens), is_atari(args.env_id), args.end_e), spec
+    return QNetwork(spec.action_space.n, tuple(args.hiddens), has_pixels(args.env_id), args.end_e), spec
 
 
 def init_params(agent: QNetwork, spec, key):
@@ -418,7 +418,7 @@ def make_update_fn(args: Args, agent: QNetwork, mesh: Mesh):
     shuffle = jax.jit(jax.shard_map(shuffle, mesh=mesh, in_specs=(P("learner"), P()), out_specs=env_axis))
     step = jax.jit(jax.shard_map(step, mesh=mesh, in_specs=(P(), env_axis, P("learner"), env_axis, P()),
                                  out_specs=(P(), P())))
-    scanned = None if agent.atari else jax.jit(jax.shard_map(
+    scanned = None if agent.pixels else jax.jit(jax.shard_map(
         scanned, mesh=mesh, in_specs=(P(), env_axis, P("learner"), P()), out_specs=(P(), P())))
     # Minibatch indices as arrays on the mesh: a multi-process jit takes no host values.
     index = [jax.make_array_from_process_local_data(jax.sharding.NamedSharding(mesh, P()), np.int32(i))

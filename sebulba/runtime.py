@@ -37,7 +37,7 @@ from sebulba.checkpoints import Checkpointer, incomplete_steps, read_resume_meta
 from sebulba.config import Cluster, ConfigError, RunFlags, Setup, flag, script_flags
 from sebulba.rundir import release_run_dirs, run_dir_owner, script_args, script_module, software
 from sebulba.devices import Placement, setup_devices, use_compilation_cache
-from sebulba.envs import env_segments, has_dict_obs, is_atari, make_envs, pool_seed
+from sebulba.envs import env_segments, is_atari, is_minigrid, is_procgen, make_envs, pool_seed
 from sebulba.evaluation import Evaluator, eval_seed, run_evaluator
 from sebulba.metrics import Logger
 from sebulba.rollouts import RolloutAssembler, obs_storage
@@ -190,7 +190,7 @@ class Run:
         n = flags.local_num_envs
         seed = pool_seed(flags.seed, global_index, begin, setup.num_envs_total, n)
         envs = make_envs(flags.env_id, n, setup.async_batch_size, seed, setup.num_env_threads, flags.atari_protocol,
-                         flags.episodic_life)
+                         flags.episodic_life, **(setup.procgen_levels or {}).get("train", {}))
         assembler = RolloutAssembler(n, num_steps, *obs_storage(spec.observation_space),
                                      clip_rewards=is_atari(flags.env_id), episodic_life=setup.episodic_life,
                                      first_rollout=begin, action_shape=spec.action_space.shape, gamma=gamma,
@@ -203,12 +203,13 @@ class Run:
     def add_evaluator(self, agent, spec):
         """On process 0: the final evaluation (--eval-episodes) and the eval thread
         (--eval-interval, started by `launch`, on a pool of its own)."""
-        flags = self.flags
+        flags, setup = self.flags, self.setup
         self.explored_name = "ε-greedy" if getattr(agent, "q_network", False) else "sampled"
         if self.lead and flags.eval_episodes:
             self.make_evaluator = lambda: Evaluator(flags.env_id, flags.eval_episodes, agent, spec.action_space,
                                                     flags.eval_greedy, eval_seed(flags.seed),
-                                                    flags.atari_protocol, flags.episodic_life)
+                                                    flags.atari_protocol, flags.episodic_life,
+                                                    **(setup.procgen_levels or {}).get("eval", {}))
 
     def log_eval(self, metrics: dict[str, float], global_step: int, final: bool = False, late: bool = False):
         """eval/* metrics to TensorBoard / W&B at `global_step`, and one console line."""
@@ -218,7 +219,7 @@ class Run:
               f"({'greedy' if self.flags.eval_greedy else self.explored_name} actions): return "
               f"{metrics['eval/episodic_return_mean']:.1f} ± {metrics['eval/episodic_return_std']:.1f}, length "
               f"{metrics['eval/episodic_length_mean']:.1f}"
-              + (f", success rate {metrics['eval/success_rate']:.2f}" if has_dict_obs(self.flags.env_id) else "")
+              + (f", success rate {metrics['eval/success_rate']:.2f}" if is_minigrid(self.flags.env_id) else "")
               + f" ({self.flags.eval_episodes} episodes, {metrics['eval/time_s']:.1f}s)"
               + ", finished after the last update" * late, flush=True)
 
@@ -351,7 +352,7 @@ def run_cli(args_type: type, main, argv: list[str] | None = None) -> int:
     except BrokenPipeError:  # `--help | head`: the reader has gone; end as a pipeline's writer does, quietly
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # (Python flushes stdout again at exit)
         return 0
-    if (misplaced := atari_only_flag(args.env_id, sys.argv[1:] if argv is None else argv)) is not None:
+    if (misplaced := family_only_flag(args.env_id, sys.argv[1:] if argv is None else argv)) is not None:
         print(f"error: {misplaced}", file=sys.stderr)
         return 2
     # EnvPool's specs build gymnasium Boxes from float64 bounds; the cast warning is noise.
@@ -384,19 +385,23 @@ FLAG_HINTS = {"--num-envs": "--local-num-envs (envs per actor thread)", "--gym-i
               "--policy-lr": "--learning-rate", "--q-lr": "--learning-rate", "--lr": "--learning-rate"}  # SAC's names in the on-policy scripts
 
 
-ATARI_ONLY_FLAGS = ("--atari-protocol", "--episodic-life")
+FAMILY_FLAGS = {"--atari-protocol": ("Atari tasks (*-v5)", is_atari), "--episodic-life": ("Atari tasks (*-v5)", is_atari),
+                "--procgen-num-levels": ("Procgen tasks", is_procgen), "--procgen-start-level": ("Procgen tasks", is_procgen)}
 
 
-def atari_only_flag(env_id: str, argv: list[str]) -> str | None:
-    """One line for an Atari flag typed on a task that is not Atari, where it would change
-    nothing (config.json's "derived" records atari_protocol null there); None when there is none."""
-    given = [name for token in argv if (name := token.split("=", 1)[0].replace("_", "-")) in ATARI_ONLY_FLAGS]
-    try:
-        if not given or is_atari(env_id):
+def family_only_flag(env_id: str, argv: list[str]) -> str | None:
+    """One line for a flag of one task family (FAMILY_FLAGS: Atari's protocol, Procgen's levels)
+    typed on a task of another, where it would change nothing (config.json's "derived" records
+    atari_protocol and procgen_levels null there); None when there is none."""
+    given = [name for token in argv if (name := token.split("=", 1)[0].replace("_", "-")) in FAMILY_FLAGS]
+    for name in given:
+        family, belongs = FAMILY_FLAGS[name]
+        try:
+            if not belongs(env_id):
+                return f"{name} is for {family}; {env_id} is not one: drop the flag"
+        except KeyError:  # not an EnvPool id: resolve_run names it, with the ids meant
             return None
-    except KeyError:  # not an EnvPool id: resolve_run names it, with the ids meant
-        return None
-    return f"{given[0]} is for Atari tasks (*-v5); {env_id} has no Atari settings: drop the flag"
+    return None
 
 
 def unknown_flag(args_type: type, argv: list[str]) -> str | None:

@@ -68,7 +68,7 @@ from sebulba import config, replay
 from sebulba.config import (Cluster, ConfigError, RunFlags, check_env_id, check_ranges, detect_cluster,
                             nearest_multiples, resolve_run)
 from sebulba.devices import Placement, host
-from sebulba.envs import make_spec, recv_batch
+from sebulba.envs import make_spec, observations, recv_batch
 from sebulba.learner import Bookkeeping, LearnerState, check_learner_memory, gib
 from sebulba.networks import RunningMoments, TanhGaussian, make_policy_fn, tanh_gaussian_sample
 from sebulba.rollouts import Rollout, RolloutAssembler, obs_storage, rollout_shapes, zeros_obs
@@ -165,8 +165,9 @@ def resolve(args: Args, cluster: Cluster = Cluster()) -> Setup:
     if type(spec.action_space).__name__ != "Box":
         raise ConfigError(f"--env-id {args.env_id} has discrete actions ({spec.action_space}); SAC needs continuous "
                           "(Box) actions: use sebulba/ppo_envpool.py or sebulba/impala_envpool.py for this task")
-    if type(spec.observation_space).__name__ != "Box":
-        raise ConfigError(f"--env-id {args.env_id}: SAC here takes vector observations only")
+    if (kind := observations(args.env_id).kind) != "vector":
+        raise ConfigError(f"--env-id {args.env_id} has {'pixel' if kind == 'pixels' else 'MiniGrid'} observations; SAC "
+                          "here takes vectors (MuJoCo, dm_control, Box2D): use sebulba/ppo_envpool.py for this task")
     setup = resolve_run(args, args.num_steps, cluster)
     learners = cluster.num_processes * len(args.learner_device_ids)
     run_steps = setup.num_updates * setup.batch_size

@@ -75,7 +75,7 @@ def drive_actor(pool, batch_size, num_steps, num_rollouts, obs_dim=3, num_action
     """Drive the real actor loop (real policy on CPU device 0) over a scripted pool; no learner
     publishes params here, so the lag bound is lifted. A pool with `dict_obs` gets a MiniGrid agent."""
     dict_obs = getattr(pool, "dict_obs", False)
-    agent = Agent(num_actions=num_actions, channels=(), hiddens=(8,), atari=False, minigrid=dict_obs)
+    agent = Agent(num_actions=num_actions, channels=(), hiddens=(8,), pixels=False, minigrid=dict_obs)
     obs_shape, obs_dtype = MINIGRID_OBS if dict_obs else ((obs_dim,), np.float32)
     example = jax.tree.map(lambda shape, dtype: jnp.zeros((1, *shape), dtype), obs_shape, obs_dtype,
                            is_leaf=lambda x: isinstance(x, tuple))

@@ -14,7 +14,7 @@ import pytest
 from fake_envpool import ScriptedPool, drive_actor
 from sebulba.envs import env_segments
 from sebulba.networks import RunningMoments, make_policy_fn
-from sebulba.ppo_envpool import Agent, Args, normalize_advantages, prepare_transitions, run_actor
+from sebulba.ppo_envpool import Agent, normalize_advantages, prepare_transitions
 from sebulba.rollouts import RolloutAssembler
 from sebulba.threads import ParamsSlot
 
@@ -133,7 +133,7 @@ def test_policy_lag_stays_within_the_bound_and_zero_means_synchronous(max_policy
     module = importlib.import_module(f"sebulba.{script}")
     num_envs, num_steps, num_rollouts = 2, 3, 4
     pool = ScriptedPool([[0, 1]] * 100, num_envs)
-    agent = Agent(num_actions=3, channels=(), hiddens=(8,), atari=False)
+    agent = Agent(num_actions=3, channels=(), hiddens=(8,), pixels=False)
     device, moments = jax.devices()[0], RunningMoments.create(())
     versions = [agent.init(jax.random.PRNGKey(v), jnp.zeros((1, 3))) for v in range(num_rollouts + 1)]
     slot = ParamsSlot()

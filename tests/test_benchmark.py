@@ -445,7 +445,7 @@ def test_cleanba_parity_feeds_both_alignments_of_one_rollout():
     from sebulba.impala_envpool import Agent
     from sebulba.rollouts import Rollout
 
-    agent = Agent(num_actions=2, channels=(), hiddens=(4,), atari=False)
+    agent = Agent(num_actions=2, channels=(), hiddens=(4,), pixels=False)
     params = agent.init(jax.random.PRNGKey(0), np.zeros((1, 3), np.float32))
     col = lambda *values: np.array(values)[:, None]  # noqa: E731
     rollout = Rollout(np.zeros((4, 1, 3), np.float32), col(0, 1, 0, 1).astype(np.int32), col(*[np.log(0.5)] * 4),

@@ -67,8 +67,8 @@ def test_bad_shared_values_are_refused(change, message):
     (dict(vf_coef=-0.5), r"--vf-coef=-0.5 must be >= 0"),
     (dict(total_timesteps=100), r"--total-timesteps=100 is smaller than one batch \(256"),  # the shared checks too
     (dict(clip_coef=-0.1), r"--clip-coef=-0.1 must be positive"),
-    (dict(env_id="Breakout-v5", channels=()), r"Atari's IMPALA ResNet needs at least one width in each"),
-    (dict(env_id="Breakout-v5", hiddens=()), r"--channels 16 32 32 --hiddens : Atari's IMPALA ResNet"),
+    (dict(env_id="Breakout-v5", channels=()), r"the IMPALA ResNet needs at least one width in each"),
+    (dict(env_id="Breakout-v5", hiddens=()), r"--channels 16 32 32 --hiddens : the IMPALA ResNet"),
     (dict(atari_encoder="nat"), r"^--atari-encoder nat: use one of impala, nature$"),
     (dict(env_id="Breakout-v5", atari_encoder="nature", hiddens=()),
      r"^--hiddens is empty: the Nature CNN needs at least one dense layer \(the paper's: 512\)$"),
@@ -202,7 +202,15 @@ def test_an_atari_flag_on_a_task_that_is_not_atari_is_refused(module, given):
     code, _, stderr = cli(module, "--env-id", "CartPole-v1", *given)
     name = given[0].split("=")[0].replace("_", "-")
     assert code == 2 and stderr.strip().splitlines() == [
-        f"error: {name} is for Atari tasks (*-v5); CartPole-v1 has no Atari settings: drop the flag"], stderr
+        f"error: {name} is for Atari tasks (*-v5); CartPole-v1 is not one: drop the flag"], stderr
+
+
+@pytest.mark.parametrize("given", [["--procgen-num-levels", "200"], ["--procgen_start_level=5"]])
+def test_a_procgen_flag_on_a_task_that_is_not_procgen_is_refused(given):
+    code, _, stderr = cli(ppo, "--env-id", "Breakout-v5", *given)
+    name = given[0].split("=")[0].replace("_", "-")
+    assert code == 2 and stderr.strip().splitlines() == [
+        f"error: {name} is for Procgen tasks; Breakout-v5 is not one: drop the flag"], stderr
 
 
 def test_config_json_records_that_the_atari_protocol_does_not_apply():

@@ -71,7 +71,7 @@ def test_ppo_loss_with_a_gaussian_policy_by_hand():
 
 def test_actions_are_clipped_when_sent_but_the_loss_sees_the_sample():
     space = envpool.make_spec("InvertedPendulum-v4").action_space  # Box(-3, 3, (1,))
-    agent = Agent(1, (), (), atari=False, continuous=True)  # no hidden layer: mean = obs @ W + b
+    agent = Agent(1, (), (), pixels=False, continuous=True)  # no hidden layer: mean = obs @ W + b
     params = agent.init(jax.random.PRNGKey(0), jnp.zeros((1, 2)))
     params = jax.tree.map(jnp.zeros_like, params)
     params["params"]["Dense_0"]["bias"] = jnp.array([5.0])  # mean 5, std 1, outside the bounds
@@ -93,7 +93,7 @@ def test_a_collapsed_log_std_gives_no_nan():
     """A learned log-std of -110 (std underflows float32 to 0; rsl_rl PR#190): the actor's sample,
     its log-prob, the entropy, the PPO loss and its gradient stay finite, and so do the params
     after an Adam step."""
-    agent = Agent(6, (), (8,), atari=False, continuous=True)  # HalfCheetah's 6 action dimensions
+    agent = Agent(6, (), (8,), pixels=False, continuous=True)  # HalfCheetah's 6 action dimensions
     params = jax.jit(agent.init)(jax.random.PRNGKey(0), jnp.zeros((1, 3)))
     params["params"]["log_std"] = jnp.full((6,), -110.0)
     obs = np.random.default_rng(0).normal(size=(16, 3)).astype(np.float32)
@@ -235,7 +235,7 @@ def test_actor_sps_counts_env_steps_not_action_dimensions(module, monkeypatch):
     clock = iter(range(100))  # the actor's perf_counter: 0 at the start, 1 when its rollout is done
     monkeypatch.setattr(module, "time", SimpleNamespace(perf_counter=lambda: float(next(clock))))
     spec = make_spec("HalfCheetah-v4")
-    agent = module.Agent(6, (), (8,), atari=False, continuous=True)
+    agent = module.Agent(6, (), (8,), pixels=False, continuous=True)
     params = agent.init(jax.random.PRNGKey(0), jnp.zeros((1, 17)))
     slot = ParamsSlot()
     slot.publish(0, {jax.devices()[0]: (params, RunningMoments.create(()))})

@@ -13,7 +13,7 @@ from fake_envpool import ScriptedPool, drive_actor
 import sebulba.ppo_envpool as ppo
 from sebulba.config import ConfigError
 from sebulba.devices import Placement
-from sebulba.envs import has_dict_obs, make_spec
+from sebulba.envs import is_minigrid, make_spec
 from sebulba.networks import RunningMoments
 from sebulba.rollouts import obs_storage, rollout_shapes, zeros_obs
 
@@ -22,7 +22,7 @@ MEMORY = "MiniGrid-MemoryS7-v0"
 
 def test_minigrid_observations_are_stored_as_their_own_arrays():
     spec = make_spec(MEMORY)
-    assert has_dict_obs(MEMORY) and not has_dict_obs("CartPole-v1")
+    assert is_minigrid(MEMORY) and not is_minigrid("CartPole-v1")
     shapes, dtypes = obs_storage(spec.observation_space)
     assert shapes == {"direction": (), "image": (7, 7, 3), "mission": (18,)}  # word ids, not the 96 bytes
     assert dtypes == {"direction": np.int32, "image": np.uint8, "mission": np.uint8}
@@ -66,7 +66,7 @@ def test_dictionary_rollouts_reach_each_learner_device_with_its_own_envs():
 def test_the_minigrid_agent_reads_image_and_direction():
     args = ppo.Args(env_id=MEMORY, hiddens=(32,))
     agent, spec = ppo.make_agent(args)
-    assert agent.minigrid and not agent.atari
+    assert agent.minigrid and not agent.pixels
     params = ppo.init_params(agent, spec, jax.random.PRNGKey(0))
     obs = zeros_obs(spec.observation_space, 3)
     policy, value = agent.apply(params, obs, RunningMoments.create(()))

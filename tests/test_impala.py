@@ -161,7 +161,7 @@ def test_vtrace_on_a_real_assembled_rollout_matches_rlax_between_episode_ends():
 
 
 def test_the_auto_reset_step_carries_no_gradient():
-    agent = Agent(num_actions=2, channels=(), hiddens=(8,), atari=False)
+    agent = Agent(num_actions=2, channels=(), hiddens=(8,), pixels=False)
     params = agent.init(jax.random.PRNGKey(0), jnp.zeros((1, 3)))
     rollout = make_rollout(6, 1, 1.0)
     terminated = rollout.terminated.copy()
@@ -183,7 +183,7 @@ def test_the_step_is_that_of_the_loss_summed_over_the_batch_on_any_number_of_lea
     earns +1, shard 1 earns -1, so using one device's data on both would differ too."""
     devices = jax.devices()
     args = Args(hiddens=(8,), optimizer="adam")
-    agent = Agent(num_actions=2, channels=(), hiddens=(8,), atari=False)
+    agent = Agent(num_actions=2, channels=(), hiddens=(8,), pixels=False)
     params = agent.init(jax.random.PRNGKey(0), jnp.zeros((1, 3)))
     halves = make_rollout(5, 2, 1.0, seed=1), make_rollout(5, 2, -1.0, seed=2)
     batch = Rollout(*[np.concatenate(f, axis=1) for f in zip(*halves)])
@@ -203,7 +203,7 @@ def test_the_step_is_that_of_the_loss_summed_over_the_batch_on_any_number_of_lea
 
 
 def test_the_loss_is_the_sum_of_the_per_transition_terms_and_the_metrics_their_means():
-    agent = Agent(num_actions=2, channels=(), hiddens=(8,), atari=False)
+    agent = Agent(num_actions=2, channels=(), hiddens=(8,), pixels=False)
     params = agent.init(jax.random.PRNGKey(0), jnp.zeros((1, 3)))
     rollout = make_rollout(6, 3, 1.0, seed=4)
     args = Args(hiddens=(8,), ent_coef=0.01, vf_coef=0.5)
@@ -242,7 +242,7 @@ def test_the_two_rmsprops_take_their_libraries_steps(name, steps):
     (dict(vtrace_lambda=1.5), r"--vtrace-lambda=1.5 must be in \(0, 1\]"),
     (dict(rho_clip=0.0), r"--rho-clip=0.0 must be positive"),
     (dict(total_timesteps=100), r"--total-timesteps=100 is smaller than one batch"),  # the shared checks too
-    (dict(env_id="Breakout-v5", channels=()), r"Atari's IMPALA ResNet needs at least one width in each"),
+    (dict(env_id="Breakout-v5", channels=()), r"the IMPALA ResNet needs at least one width in each"),
 ])
 def test_bad_values_are_refused(change, message):
     with pytest.raises(ConfigError, match=message):

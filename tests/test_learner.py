@@ -85,7 +85,7 @@ def test_update_keeps_params_replicated_and_learns_a_bandit():
     placement = Placement([devices[0]], devices[1:4])
     args = Args(num_minibatches=2, update_epochs=2, gradient_accumulation_steps=2, learning_rate=3e-3,
                 clip_coef=0.2, ent_coef=0.0, norm_adv=True, hiddens=(16,))
-    agent = Agent(num_actions=2, channels=(), hiddens=(16,), atari=False)
+    agent = Agent(num_actions=2, channels=(), hiddens=(16,), pixels=False)
     params = agent.init(jax.random.PRNGKey(0), jnp.zeros((1, 3)))
     tx = optax.chain(optax.clip_by_global_norm(0.5), optax.adam(args.learning_rate))
     state = jax.device_put(LearnerState.create(apply_fn=None, params=params, **FRESH, tx=tx), placement.replicated)
@@ -113,7 +113,7 @@ def test_gradients_are_averaged_over_learner_devices_not_summed():
     """Two devices holding the same data must take the same SGD step as one device with it."""
     devices = jax.devices()
     args = Args(num_minibatches=1, update_epochs=1, hiddens=(8,))
-    agent = Agent(num_actions=2, channels=(), hiddens=(8,), atari=False)
+    agent = Agent(num_actions=2, channels=(), hiddens=(8,), pixels=False)
     params = agent.init(jax.random.PRNGKey(0), jnp.zeros((1, 3)))
     rollout = make_rollout(5, 2, 1.0, seed=3)
     rollout = rollout._replace(values=np.random.default_rng(0).normal(size=rollout.values.shape).astype(np.float32))
@@ -147,7 +147,7 @@ def test_gradient_accumulation_takes_the_same_step(norm_adv, learners):
     steps masked unevenly over the microbatches (--norm-adv's statistics and the masked means are
     the minibatch's, not each microbatch's), on one learner device or two; the logged losses too.
     (1 is the one-program update of an MLP, lax.scan over the steps; 4 is driven from Python.)"""
-    agent = Agent(num_actions=2, channels=(), hiddens=(8,), atari=False)
+    agent = Agent(num_actions=2, channels=(), hiddens=(8,), pixels=False)
     rng = np.random.default_rng(1)
     rollout = make_rollout(8, 4, 1.0, seed=5)
     rollout = rollout._replace(values=rng.normal(size=rollout.values.shape).astype(np.float32),
@@ -190,7 +190,7 @@ def test_gradient_accumulation_holds_one_microbatch_of_activations():
     """The promise of --gradient-accumulation-steps: less memory. Each microbatch is a program of
     its own, so a conv net's working memory shrinks with the microbatch (unrolled inside one
     program, XLA kept every microbatch's activations: no saving at all)."""
-    agent = Agent(num_actions=4, channels=(4, 8), hiddens=(32,), atari=True)
+    agent = Agent(num_actions=4, channels=(4, 8), hiddens=(32,), pixels=True)
     obs_shape, minibatch = (84, 84, 4), 64
     whole = working_memory(accumulation_setup(1, agent, obs_shape, np.uint8), "step", 2, minibatch, obs_shape, np.uint8)
     accumulating = accumulation_setup(4, agent, obs_shape, np.uint8)
@@ -202,7 +202,7 @@ def test_gradient_accumulation_holds_one_microbatch_of_activations():
 def test_frames_stay_uint8_until_the_network():
     """The learner's programs take the rollout's uint8 frames and gather each microbatch's rows
     from them: the only float frames are one microbatch's (no float copy of the rollout)."""
-    agent = Agent(num_actions=4, channels=(4,), hiddens=(16,), atari=True)
+    agent = Agent(num_actions=4, channels=(4,), hiddens=(16,), pixels=True)
     text = lowered(accumulation_setup(4, agent, (84, 84, 4), np.uint8), "gradient", 2, 64, (84, 84, 4), np.uint8).as_text()
     assert re.search(r"tensor<\d+x64x84x84x4xui8>", text)  # the rollout's frames, [T+1, envs, ...], as received
     shapes = [tuple(map(int, dims.split("x"))) for dims in re.findall(r"tensor<([\dx]+)xf32>", text)]

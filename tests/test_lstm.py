@@ -47,7 +47,7 @@ def scripted_pool():
 
 
 def small_agent():
-    agent = lstm.Agent(num_actions=3, channels=(), hiddens=(8,), atari=False, lstm_size=4)
+    agent = lstm.Agent(num_actions=3, channels=(), hiddens=(8,), pixels=False, lstm_size=4)
     params = agent.init(jax.random.PRNGKey(0), jnp.zeros((1, 3)), jnp.zeros((1, 2, 4)), MOMENTS)
     return agent, params
 
@@ -202,7 +202,7 @@ def test_the_hoisted_replay_and_its_gradient_equal_the_step_by_step_replay():
     written-out backward pass) gives the step-by-step replay's policy and values and the same
     gradient of a loss of both, for every parameter: 12 rows of 5 envs from random states,
     restarting at random rows (rows 0 and 1 of env 0, two in a row for env 4)."""
-    agent = lstm.Agent(num_actions=3, channels=(), hiddens=(8,), atari=False, lstm_size=6)
+    agent = lstm.Agent(num_actions=3, channels=(), hiddens=(8,), pixels=False, lstm_size=6)
     params = agent.init(jax.random.PRNGKey(0), jnp.zeros((1, 3)), jnp.zeros((1, 2, 6)), MOMENTS)
     rng = np.random.default_rng(1)
     params = jax.tree.map(lambda x: x + 0.3 * rng.standard_normal(x.shape, np.float32), params)

@@ -128,7 +128,7 @@ def test_epsilon_greedy_chooses_the_argmax_or_a_uniform_action_at_rate_epsilon()
 
 
 def test_the_q_networks_have_a_layer_norm_after_every_hidden_layer():
-    atari = pqn.QNetwork(num_actions=4, hiddens=(512,), atari=True)  # shapes only: nothing compiled
+    atari = pqn.QNetwork(num_actions=4, hiddens=(512,), pixels=True)  # shapes only: nothing compiled
     params = jax.eval_shape(atari.init, jax.random.PRNGKey(0), jnp.zeros((2, 4, 84, 84), jnp.uint8))["params"]
     q = jax.eval_shape(atari.apply, {"params": params}, jnp.zeros((3, 4, 84, 84), jnp.uint8))
     assert q.shape == (3, 4) and q.dtype == jnp.float32
@@ -136,7 +136,7 @@ def test_the_q_networks_have_a_layer_norm_after_every_hidden_layer():
     # CleanRL's pqn_atari_envpool.py: LayerNorm([32, 20, 20]), ([64, 9, 9]), ([64, 7, 7]), (512).
     assert [encoder[f"LayerNorm_{i}"]["scale"].shape for i in range(4)] == [(20, 20, 32), (9, 9, 64), (7, 7, 64),
                                                                               (512,)]
-    mlp = pqn.QNetwork(num_actions=2, hiddens=(120, 84), atari=False)
+    mlp = pqn.QNetwork(num_actions=2, hiddens=(120, 84), pixels=False)
     params = mlp.init(jax.random.PRNGKey(0), jnp.zeros((2, 4)))["params"]
     assert [params["LayerNormMLP_0"][f"LayerNorm_{i}"]["scale"].shape for i in range(2)] == [(120,), (84,)]
     assert params["Dense_0"]["kernel"].shape == (84, 2)
@@ -151,7 +151,7 @@ def test_the_q_networks_have_a_layer_norm_after_every_hidden_layer():
 def test_layer_norm_comes_before_the_relu():
     """CleanRL's pqn.py: Linear, LayerNorm, ReLU. By hand from the params: each hidden layer is
     relu(LayerNorm(x W + b)), which is non-negative; LayerNorm after the ReLU would not be."""
-    mlp = pqn.QNetwork(num_actions=2, hiddens=(16, 8), atari=False)
+    mlp = pqn.QNetwork(num_actions=2, hiddens=(16, 8), pixels=False)
     params = mlp.init(jax.random.PRNGKey(0), jnp.zeros((2, 4)))["params"]
     obs = jax.random.normal(jax.random.PRNGKey(1), (5, 4)) * 3
     x = np.asarray(obs, np.float64)
@@ -163,7 +163,7 @@ def test_layer_norm_comes_before_the_relu():
     head = params["Dense_0"]
     np.testing.assert_allclose(mlp.apply({"params": params}, obs), x @ np.asarray(head["kernel"]) + head["bias"],
                                rtol=1e-4, atol=1e-4)
-    atari = pqn.QNetwork(num_actions=4, hiddens=(32,), atari=True)
+    atari = pqn.QNetwork(num_actions=4, hiddens=(32,), pixels=True)
     frames = jax.random.randint(jax.random.PRNGKey(2), (2, 4, 84, 84), 0, 256).astype(jnp.uint8)
     variables = jax.jit(atari.init)(jax.random.PRNGKey(0), frames)
     _, inter = jax.jit(lambda v, x: atari.apply(v, x, capture_intermediates=True))(variables, frames)
@@ -208,7 +208,7 @@ def test_the_actor_records_each_row_with_the_params_and_epsilon_that_chose_it(ma
 
     num_envs, num_steps, num_rollouts, num_actions = 2, 3, 4, 3
     pool = ScriptedPool([[0, 1]] * 100, num_envs)
-    agent = pqn.QNetwork(num_actions=num_actions, hiddens=(8,), atari=False)
+    agent = pqn.QNetwork(num_actions=num_actions, hiddens=(8,), pixels=False)
     device = jax.devices()[0]
     versions = [agent.init(jax.random.PRNGKey(v), jnp.zeros((1, 3))) for v in range(num_rollouts + 1)]
     slot = ParamsSlot()
@@ -248,7 +248,7 @@ def test_the_actor_records_each_row_with_the_params_and_epsilon_that_chose_it(ma
 
 
 def test_the_greedy_evaluation_policy_takes_the_argmax_and_the_other_the_final_epsilon():
-    agent = pqn.QNetwork(num_actions=3, hiddens=(8,), atari=False, eval_epsilon=0.5)
+    agent = pqn.QNetwork(num_actions=3, hiddens=(8,), pixels=False, eval_epsilon=0.5)
     params = agent.init(jax.random.PRNGKey(0), jnp.zeros((1, 4)))
     obs = jax.random.normal(jax.random.PRNGKey(2), (4096, 4))
     greedy = np.argmax(np.asarray(agent.apply(params, obs)), axis=-1)
@@ -260,7 +260,7 @@ def test_the_greedy_evaluation_policy_takes_the_argmax_and_the_other_the_final_e
 
 
 def test_the_auto_reset_step_carries_no_gradient_and_the_targets_none():
-    agent = pqn.QNetwork(num_actions=2, hiddens=(8,), atari=False)
+    agent = pqn.QNetwork(num_actions=2, hiddens=(8,), pixels=False)
     params = agent.init(jax.random.PRNGKey(0), jnp.zeros((1, 3)))
     obs, actions = jax.random.normal(jax.random.PRNGKey(1), (4, 3)), jnp.array([0, 1, 1, 0])
     targets, mask = jnp.array([1.0, 2.0, 3.0, 4.0]), jnp.array([1.0, 1.0, 0.0, 1.0])
@@ -291,7 +291,7 @@ def test_the_update_trains_on_the_recorded_values_q_lambda_on_every_learner_devi
     rollout = rollout._replace(values=rng.normal(size=rollout.values.shape).astype(np.float32), terminated=terminated)
     args = pqn.Args(env_id="CartPole-v1", hiddens=(16,), num_steps=6, local_num_envs=4, num_minibatches=2,
                     update_epochs=50, gamma=0.9, q_lambda=0.65, learning_rate=1e-2, anneal_lr=False)
-    agent = pqn.QNetwork(num_actions=2, hiddens=(16,), atari=False)
+    agent = pqn.QNetwork(num_actions=2, hiddens=(16,), pixels=False)
     update = pqn.make_update_fn(args, agent, placement.mesh)
     batch = placement.to_learners([pqn.learner_batch(rollout)])
     data = update.programs["prepare"](batch)

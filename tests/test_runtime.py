@@ -47,7 +47,7 @@ def test_ctrl_c_before_the_threads_start_says_so_in_one_line(tmp_path):
             "real = ppo.make_update_fn\n"
             "def interrupted(*a):\n    os.kill(os.getpid(), signal.SIGINT)\n    return real(*a)\n"
             "ppo.make_update_fn = interrupted\n"
-            f"sys.exit(ppo.cli(['--env-id', 'CartPole-v1', '--local-num-envs', '8', '--num-steps', '16', "
+            "sys.exit(ppo.cli(['--env-id', 'CartPole-v1', '--local-num-envs', '8', '--num-steps', '16', "
             "'--total-timesteps', '1024']))\n")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, cwd=tmp_path,
                          env={**os.environ, "PYTHONPATH": str(Path(SCRIPT).parents[1])})

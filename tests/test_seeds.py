@@ -58,7 +58,7 @@ def test_each_learner_device_draws_its_own_minibatch_permutation():
     devices = jax.devices()
     placement = Placement([devices[0]], devices[1:3])
     args = Args(env_id="CartPole-v1", hiddens=(8,), num_minibatches=2, local_num_envs=4)
-    agent = Agent(num_actions=2, channels=(), hiddens=(8,), atari=False)
+    agent = Agent(num_actions=2, channels=(), hiddens=(8,), pixels=False)
     update = make_update_fn(args, agent, placement.mesh)
     rollout = placement.to_learners([make_rollout(8, 4, 1.0)])
     data = update.programs["prepare"](placement.replicate(RunningMoments.create(())), rollout)
