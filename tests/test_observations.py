@@ -4,6 +4,9 @@ key order, a toy-text Discrete value one-hot, CarRacing's pixels channel-first, 
 come), Procgen's levels, and the one-line refusals. Short real runs of each script on one id of
 each family it takes are at the end (slow tier)."""
 
+import re
+from pathlib import Path
+
 import envpool
 import jax
 import numpy as np
@@ -19,6 +22,18 @@ from sebulba import sac_envpool as sac
 from sebulba.config import ConfigError, RunFlags, check_env_id, resolve_run
 from sebulba.envs import has_pixels, make_envs, make_spec, observations, procgen_levels
 from sebulba.rollouts import obs_storage
+
+
+def procgen_loads() -> bool:
+    try:
+        envpool.make_spec("CoinrunEasy-v0")
+        return True
+    except ImportError:
+        return False
+
+
+NEEDS_QT = pytest.mark.skipif(not procgen_loads(), reason="EnvPool's Procgen needs the system Qt 5 runtime: "
+                                                          "apt-get install libqt5gui5 (.ci/run installs it)")
 
 
 def raw_and_served(env_id: str, num_envs: int = 3, seed: int = 7, **options):
@@ -60,11 +75,13 @@ def test_carracing_pixels_are_served_channel_first_and_stay_uint8():
         np.testing.assert_array_equal(chw, raw.transpose(0, 3, 1, 2))
 
 
+@NEEDS_QT
 def test_procgen_pixels_come_as_envpool_serves_them():
     served = observations("StarpilotEasy-v0")
     assert served.kind == "pixels" and served.serve is None and served.space.shape == (3, 64, 64)
 
 
+@NEEDS_QT
 def test_procgen_trains_on_its_levels_and_evaluates_on_the_unbounded_distribution():
     flags = RunFlags(env_id="StarpilotEasy-v0", local_num_envs=8, procgen_num_levels=200, procgen_start_level=5)
     record = resolve_run(flags, 16).procgen_levels
@@ -120,6 +137,7 @@ def test_what_a_script_cannot_take_is_refused_in_one_line(module, env_id, says):
     assert code == 2 and len(stderr.strip().splitlines()) == 1 and says in stderr, stderr
 
 
+@NEEDS_QT
 @pytest.mark.parametrize("module", [ppo, impala, ppo_lstm])
 def test_pixel_tasks_get_the_conv_encoder_and_vector_tasks_the_mlp(module):
     for env_id, pixels in (("StarpilotEasy-v0", True), ("CarRacing-v2", True), ("WalkerWalk-v1", False),
@@ -150,8 +168,38 @@ RUNS = [
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("module, env_id, flags", RUNS, ids=[f"{m.__name__.split('.')[-1]}-{e}" for m, e, _ in RUNS])
+@pytest.mark.parametrize("module, env_id, flags", [
+    pytest.param(m, e, f, id=f"{m.__name__.split('.')[-1]}-{e}", marks=[NEEDS_QT] if "Easy" in e else [])
+    for m, e, f in RUNS])
 def test_each_script_runs_on_each_family_it_takes(module, env_id, flags):
     code, stdout, stderr = cli(module, "--env-id", env_id, *TINY, *flags)
     assert code == 0, stderr
     assert "final eval" in stdout and "done:" in stdout
+
+
+SCRIPTS = {"ppo": ppo, "impala": impala, "ppo_lstm": ppo_lstm, "pqn": pqn, "sac": sac}
+
+
+def readme_tasks() -> list[tuple[str, str, str]]:
+    """README's Tasks table: (family, example id, the scripts cell) per example id."""
+    text = (Path(__file__).parents[1] / "README.md").read_text()
+    table = text.split("<!-- tasks:")[1].split("<!-- /tasks -->")[0]
+    rows = [line.split("|")[1:-1] for line in table.splitlines() if line.startswith("| ") and "`" in line]
+    return [(row[0].strip(), env_id, row[4].strip()) for row in rows for env_id in re.findall(r"`([^`]+)`", row[1])]
+
+
+@pytest.mark.parametrize("family, env_id, cell", [
+    pytest.param(*row, id=row[1], marks=[NEEDS_QT] if row[0] == "Procgen" else []) for row in readme_tasks()])
+def test_the_readme_tasks_table_says_which_scripts_take_each_id(family, env_id, cell):
+    discrete = type(envpool.make_spec(env_id).action_space).__name__ == "Discrete"
+    if "discrete:" in cell:
+        cell = cell.split("Box:")[0 if discrete else 1].removeprefix("discrete:").strip(" ;")
+    claimed = {name.strip() for name in cell.split(",")}
+    taken = set()
+    for name, module in SCRIPTS.items():
+        try:
+            module.resolve(module.Args(env_id=env_id, local_num_envs=8))
+            taken.add(name)
+        except ConfigError:
+            pass
+    assert taken == claimed, (family, env_id)
