@@ -177,6 +177,22 @@ LUNAR_PQN = ["--env-id", "LunarLander-v2", "--total-timesteps", "1000000", "--lo
 # (observation and reward normalisation on, as MuJoCo's) at 1M env steps: a curve beside SAC's.
 DMC_SAC = ["--total-timesteps", "500000"]
 
+# Procgen StarPilot (Easy) with CleanRL's ppo_procgen.py hyperparameters (the IMPALA ResNet 16-32-32 + 256, 64 envs x
+# 256 steps, 8 minibatches x 3 epochs, lr 5e-4, gamma 0.999, GAE lambda 0.95, entropy 0.01, rewards scaled, its
+# synchronous loop) on Cobbe et al. 2020's generalisation protocol (200 training levels; the final evaluation on
+# the unbounded distribution), so train and test levels are both reported. On 2 cores the ResNet's 3 epochs hold it
+# near 100 env steps/s: 2M env steps is several sittings (it resumes).
+PROCGEN_PPO = ["--env-id", "StarpilotEasy-v0", "--total-timesteps", "2000000", "--local-num-envs", "64", "--num-steps",
+               "256", "--num-actor-threads", "1", "--num-minibatches", "8", "--update-epochs", "3", "--learning-rate",
+               "5e-4", "--gamma", "0.999", "--gae-lambda", "0.95", "--ent-coef", "0.01", "--norm-reward", "True",
+               "--max-policy-lag", "0", "--procgen-num-levels", "200", "--checkpoint-interval", "5"]
+# CarRacing-v2 from pixels (96x96x3, Box actions) with PPO and the Nature CNN: 8 envs x 512 steps, 10 epochs of
+# minibatches of 128, lr 1e-4, as rl-baselines3-zoo's CarRacing PPO (without its grey-scale, resize and frame stack).
+CARRACING_PPO = ["--env-id", "CarRacing-v2", "--total-timesteps", "1000000", "--local-num-envs", "8", "--num-steps",
+                 "512", "--num-actor-threads", "1", "--atari-encoder", "nature", "--hiddens", "512",
+                 "--num-minibatches", "32", "--update-epochs", "10", "--learning-rate", "1e-4", "--ent-coef", "0.0",
+                 "--max-policy-lag", "0", "--checkpoint-interval", "5"]
+
 # Added to every launch of a script and left out of the run's flags hash (they change no result): checkpoints often
 # enough that a run killed outright (SIGKILL at a session's end, no SIGTERM to save on) loses minutes, not the ~17 of
 # SAC's default 1000 updates. SAC's 100 updates are ~13k env steps (about a minute here); a checkpoint with the replay
@@ -248,6 +264,8 @@ TASKS = {
                                (948.0, 54.0, "State SAC, Laskin et al. 2020 (CURL) Table 1, 500k env steps"),
                                "mean ≥ ref − 1 std"),
     "CheetahRun-v1/PPO/1M": ("ppo_envpool.py", ["--env-id", "CheetahRun-v1", *PPO_MUJOCO], 1, None, None),
+    "StarpilotEasy-v0/PPO/2M": ("ppo_envpool.py", PROCGEN_PPO, 1, None, None),
+    "CarRacing-v2/PPO/1M": ("ppo_envpool.py", CARRACING_PPO, 1, None, None),
     "Breakout-v5/PPO/2M-cleanrl": ("ppo_envpool.py", BREAKOUT_PPO_CLEANRL, 1,
                                    (40.0, None, "CleanRL ppo_atari_envpool.py, its docs' curve at 2M env steps"),
                                    "last-20 mean ≥ 30 (random play ≈ 1.5)"),

@@ -102,9 +102,9 @@ class Args(RunFlags):
     max_grad_norm: float = 0.5
     """global gradient norm clip"""
     atari_encoder: str = "impala"
-    """Atari encoder: impala (Espeholt et al. 2018's ResNet) or nature (Mnih et al. 2015's CNN; use --hiddens 512 for the paper's)"""
+    """encoder of pixel tasks (Atari, Procgen, CarRacing): impala (Espeholt et al. 2018's ResNet) or nature (Mnih et al. 2015's CNN; use --hiddens 512 for the paper's)"""
     channels: tuple[int, ...] = (16, 32, 32)
-    """IMPALA ResNet channels, one conv stack each (Atari, --atari-encoder impala)"""
+    """IMPALA ResNet channels, one conv stack each (pixel tasks, --atari-encoder impala)"""
     hiddens: tuple[int, ...] = (256,)
     """dense layer widths after the ResNet (Atari) or the MiniGrid id embeddings, or of the MLP (vector observations)"""
 
