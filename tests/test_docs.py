@@ -25,7 +25,7 @@ import sebulba.ppo_lstm_envpool as ppo_lstm
 import sebulba.pqn_envpool as pqn
 import sebulba.sac_envpool as sac
 from sebulba.config import Cluster
-from sebulba.envs import is_atari
+from sebulba.envs import has_pixels
 from sebulba.runtime import layout_line
 from test_envpool_runs import CARTPOLE_PRESET, GOTO_DOOR_PRESET
 from test_impala import CARTPOLE_PRESET as IMPALA_CARTPOLE_PRESET
@@ -124,7 +124,7 @@ def test_documented_command_parses_resolves_and_prints_the_layout_the_page_quote
 
 @pytest.mark.slow
 @pytest.mark.parametrize("command", sorted({c for _, c in COMMANDS if "--env-id" in c and "--distributed" not in c
-                                            and not is_atari(c.split("--env-id ")[1].split()[0])
+                                            and not has_pixels(c.split("--env-id ")[1].split()[0])
                                             and not trained_in_full(c)}))
 def test_documented_vector_task_command_trains_one_update(command, capsys):
     module, args, cluster = parse(command)

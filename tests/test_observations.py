@@ -5,6 +5,7 @@ come), Procgen's levels, and the one-line refusals. Short real runs of each scri
 each family it takes are at the end (slow tier)."""
 
 import re
+import sys
 from pathlib import Path
 
 import envpool
@@ -203,3 +204,15 @@ def test_the_readme_tasks_table_says_which_scripts_take_each_id(family, env_id, 
         except ConfigError:
             pass
     assert taken == claimed, (family, env_id)
+
+
+def test_readmes_other_family_commands_are_the_learning_rows():
+    """README's "Other task families" commands are benchmark/learning.py's rows, flag for flag."""
+    sys.path.insert(0, str(Path(__file__).parents[1] / "benchmark"))
+    import learning
+
+    text = (Path(__file__).parents[1] / "README.md").read_text().split("### Other task families")[1].split("### ")[0]
+    commands = [line.split()[1:] for line in text.split("```")[1].strip().splitlines()]
+    rows = ["LunarLander-v2/PPO/1M", "LunarLander-v2/PQN/1M", "CheetahRun-v1/SAC/500k", "CheetahRun-v1/PPO/1M",
+            "StarpilotEasy-v0/PPO/2M", "CarRacing-v2/PPO/1M"]
+    assert commands == [[f"sebulba/{learning.TASKS[row][0]}", *learning.TASKS[row][1]] for row in rows]
