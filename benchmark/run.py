@@ -1,6 +1,7 @@
 """The benchmark suite in one command: measure, then regenerate RESULTS.md and the plots.
 
-    python benchmark/run.py            # full: ~80 min on 2 cores + ~2 h of learning -> benchmark/results/, RESULTS.md, docs/img/
+    python benchmark/run.py            # every part: the throughput parts, then every learning row (more than a day
+                                       # on 2 cores) -> benchmark/results/, RESULTS.md, docs/img/
     python benchmark/run.py --quick    # smoke test, ~4 min -> benchmark/results/quick/ (RESULTS.md, img/)
     python benchmark/run.py --only e2e stages    # re-measure some parts, keep the others' results
 
