@@ -206,3 +206,32 @@ def test_the_docs_site_builds_with_every_link_and_anchor_found(tmp_path, monkeyp
     assert 'href="evaluation/#sharing-a-trained-agent"' in (site / "index.html").read_text()  # README's docs/ links
     assert (site / "img" / "env_throughput.png").exists() and 'src="../img/env_throughput.png"' in (
         site / "results" / "index.html").read_text()  # RESULTS.md's ../docs/img/ images
+
+
+# A measured figure in the units of throughput, latency and memory, as the pages write them.
+MEASURED = re.compile(r"(?<![\w.-])\d[\d,]*(?:\.\d+)?k?\s*(?:env steps/s|env steps per second|SPS|µs|ms\b|GiB|MiB|GFLOP/s|"
+                      r"gradient steps/s|frames/s)")
+# Every such figure outside a block that benchmark/report.py generates, with what accounts for it: the test
+# that recomputes it from benchmark/results/, or why it is not one of ours.
+ACCOUNTED = {
+    "README.md": {"1,230 env steps/s": "tests/test_benchmark.py::test_the_gpu_needs_quoted_in_readme_are_the_recorded_ones",
+                  "19.0 GiB": "the same test", "0.30 GiB": "the same test", "0.20 GiB": "the same test",
+                  "1.22 GiB": "the same test", "6.1k env steps/s": "Cleanba's published figure (its README)"},
+    "benchmarks.md": {"24 GiB": "a machine's memory, not a measurement",
+                      "6.1k env steps/s": "Cleanba's published figure (its README)"},
+    "gpus.md": {"3.2 µs": "tests/test_benchmark.py's test of gpus.md's table, from stages.json",
+                "3.4 µs": "the same test", "11.6 µs": "the same test", "544.6 µs": "the same test",
+                "529.0 µs": "the same test", "6,484.7 µs": "the same test"},
+    "ppo_envpool.md": {"24 GiB": "a machine's memory, not a measurement"},
+}
+
+
+@pytest.mark.parametrize("page", PAGES, ids=lambda p: p.name)
+def test_every_measured_figure_on_the_pages_comes_from_the_results(page):
+    """A throughput, latency or memory figure typed into README or docs/ goes stale when the results
+    change: each one is generated from benchmark/results/ (between report.py's markers), recomputed
+    from them by a test (ACCOUNTED names it), or not a measurement of ours (a peer's published
+    figure, a machine's size). Anything else on a page fails here: link to RESULTS.md instead."""
+    text = re.sub(r"<!-- presets:.*?<!-- /presets -->", "", page.read_text(), flags=re.S)
+    found = set(MEASURED.findall(text))
+    assert found <= set(ACCOUNTED.get(page.name, {})), sorted(found - set(ACCOUNTED.get(page.name, {})))
