@@ -68,9 +68,9 @@ from sebulba import config, replay
 from sebulba.config import (Cluster, ConfigError, RunFlags, check_env_id, check_ranges, detect_cluster,
                             nearest_multiples, resolve_run)
 from sebulba.devices import Placement, host
-from sebulba.envs import make_spec, observations, recv_batch
+from sebulba.envs import has_pixels, make_spec, recv_batch
 from sebulba.learner import Bookkeeping, LearnerState, check_learner_memory, gib
-from sebulba.networks import RunningMoments, TanhGaussian, make_policy_fn, tanh_gaussian_sample
+from sebulba.networks import NatureEncoder, RunningMoments, TanhGaussian, make_policy_fn, tanh_gaussian_sample
 from sebulba.rollouts import Rollout, RolloutAssembler, obs_storage, rollout_shapes, zeros_obs
 from sebulba.runtime import Run, run_cli
 from sebulba.threads import ParamsSlot, Stopped, Supervisor, Timer, timed_put
@@ -165,9 +165,6 @@ def resolve(args: Args, cluster: Cluster = Cluster()) -> Setup:
     if type(spec.action_space).__name__ != "Box":
         raise ConfigError(f"--env-id {args.env_id} has discrete actions ({spec.action_space}); SAC needs continuous "
                           "(Box) actions: use sebulba/ppo_envpool.py or sebulba/impala_envpool.py for this task")
-    if (kind := observations(args.env_id).kind) != "vector":
-        raise ConfigError(f"--env-id {args.env_id} has {'pixel' if kind == 'pixels' else 'MiniGrid'} observations; SAC "
-                          "here takes vectors (MuJoCo, dm_control, Box2D): use sebulba/ppo_envpool.py for this task")
     setup = resolve_run(args, args.num_steps, cluster)
     learners = cluster.num_processes * len(args.learner_device_ids)
     run_steps = setup.num_updates * setup.batch_size
@@ -205,19 +202,30 @@ def torch_dense(features: int, fan_in: int) -> nn.Dense:
                     bias_init=lambda key, shape, dtype=jnp.float32: jax.random.uniform(key, shape, dtype, -bound, bound))
 
 
+def features(obs, pixels: bool):
+    """Observations [B, *obs] -> the MLP's input [B, F] float32: vectors flattened; with `pixels`
+    (CarRacing's frames, uint8 [B, C, H, W]) the Nature CNN's convolutions (Mnih et al. 2015),
+    its flattened output. Each network (the actor, each critic) has an encoder of its own."""
+    if pixels:
+        return NatureEncoder((), name="encoder")(obs)
+    return obs.reshape((obs.shape[0], -1)).astype(jnp.float32)
+
+
 class Actor(nn.Module):
-    """The policy: a ReLU MLP, then the mean and log-std of a TanhGaussian over (-1, 1)^A,
-    log-std squashed into [LOG_STD_MIN, LOG_STD_MAX]. Returns (TanhGaussian, value [B] = 0):
-    the shared policy function (sebulba/networks.py) wants a value; SAC's are Q(s, a), on the
-    learner. `continuous` tells that function to map actions onto the env's bounds."""
+    """The policy: a ReLU MLP (after the Nature CNN's convolutions on pixels), then the mean and
+    log-std of a TanhGaussian over (-1, 1)^A, log-std squashed into [LOG_STD_MIN, LOG_STD_MAX].
+    Returns (TanhGaussian, value [B] = 0): the shared policy function (sebulba/networks.py) wants
+    a value; SAC's are Q(s, a), on the learner. `continuous` tells that function to map actions
+    onto the env's bounds."""
 
     action_dim: int
     hiddens: tuple[int, ...]
+    pixels: bool = False  # pixel observations (CarRacing): the Nature CNN's convolutions first
     continuous: bool = True
 
     @nn.compact
     def __call__(self, obs, obs_moments: RunningMoments | None = None):
-        x = obs.reshape((obs.shape[0], -1)).astype(jnp.float32)
+        x = features(obs, self.pixels)
         for h in self.hiddens:
             x = nn.relu(torch_dense(h, x.shape[-1])(x))
         log_std = jnp.tanh(torch_dense(self.action_dim, x.shape[-1])(x))
@@ -227,10 +235,11 @@ class Actor(nn.Module):
 
 class QNetwork(nn.Module):
     hiddens: tuple[int, ...]
+    pixels: bool = False
 
     @nn.compact
-    def __call__(self, obs, action):  # [B, D], [B, A] -> [B]
-        x = jnp.concatenate([obs.reshape((obs.shape[0], -1)).astype(jnp.float32), action], axis=-1)
+    def __call__(self, obs, action):  # [B, *obs], [B, A] -> [B]
+        x = jnp.concatenate([features(obs, self.pixels), action], axis=-1)
         for h in self.hiddens:
             x = nn.relu(torch_dense(h, x.shape[-1])(x))
         return torch_dense(1, x.shape[-1])(x)[:, 0]
@@ -241,17 +250,18 @@ class Critic(nn.Module):
     (-1, 1)) -> Q [2, B]."""
 
     hiddens: tuple[int, ...]
+    pixels: bool = False
 
     @nn.compact
     def __call__(self, obs, action):
         twin = nn.vmap(QNetwork, variable_axes={"params": 0}, split_rngs={"params": True}, in_axes=None, axis_size=2)
-        return twin(self.hiddens)(obs, action)
+        return twin(self.hiddens, self.pixels)(obs, action)
 
 
 def make_agent(args: Args):
     """(Actor for --env-id's action space, the env spec)."""
     spec = make_spec(args.env_id)
-    return Actor(spec.action_space.shape[0], tuple(args.hiddens)), spec
+    return Actor(spec.action_space.shape[0], tuple(args.hiddens), has_pixels(args.env_id)), spec
 
 
 def init_params(agent: Actor, spec, key):
@@ -400,7 +410,7 @@ def make_train_state(args: Args, setup: Setup, params, placement: Placement):
     the targets start equal to them; log alpha at 0 with --autotune, else log --alpha) and the
     actor's (constant) learning-rate schedule, for the logs."""
     spec = make_spec(args.env_id)
-    critic = Critic(tuple(args.hiddens))
+    critic = Critic(tuple(args.hiddens), has_pixels(args.env_id))
     critic_key = jax.random.fold_in(jax.random.PRNGKey(args.seed), 1)
     critic_params = jax.jit(critic.init)(critic_key, zeros_obs(spec.observation_space, 1),
                                          np.zeros((1, *spec.action_space.shape), np.float32))
@@ -449,7 +459,7 @@ def make_update_fn(args: Args, setup: Setup, agent: Actor, mesh: Mesh):
     and the replay's size after the update. An MLP gradient inside a loop keeps its speed on
     XLA:CPU (the 10-20x slowdown of docs/performance.md is the conv nets').
     """
-    critic = Critic(tuple(args.hiddens))
+    critic = Critic(tuple(args.hiddens), has_pixels(args.env_id))
     target_entropy = -float(agent.action_dim)  # -|A| (Haarnoja et al. 2018b, section 5)
     freq = args.policy_frequency
 
