@@ -54,7 +54,7 @@ sys.path.insert(0, str(ROOT))
 from sebulba.checkpoints import complete_steps  # noqa: E402
 from sebulba.config import Cluster  # noqa: E402
 from sebulba.devices import Placement  # noqa: E402
-from sebulba.envs import is_minigrid, is_atari, is_mujoco, make_envs, resolve_episodic_life  # noqa: E402
+from sebulba.envs import evaluation_options, evaluation_step_limit, is_atari, is_minigrid, is_mujoco, make_envs, resolve_episodic_life  # noqa: E402
 from sebulba.evaluation import run_episodes  # noqa: E402
 from sebulba.networks import make_policy_fn  # noqa: E402
 from sebulba.rundir import software  # noqa: E402
@@ -238,8 +238,9 @@ def evaluate(module, args, agent, spec, params, episodes: int, seed: int, greedy
                          "MUJOCO_GL=osmesa (CPU, with libOSMesa installed)")
     protocol = getattr(args, "atari_protocol", "cleanba")  # SAC has no Atari flags
     episodic_life = resolve_episodic_life(args.env_id, protocol, getattr(args, "episodic_life", None))
+    levels = (getattr(args, "procgen_start_level", 0), getattr(args, "procgen_num_levels", 0))  # SAC has none
     envs = make_envs(args.env_id, episodes, episodes, seed, threads, protocol, episodic_life,
-                     **({"render_mode": "rgb_array"} if video else {}))
+                     **evaluation_options(args.env_id, *levels), **({"render_mode": "rgb_array"} if video else {}))
     recorded = list(range(min(video_episodes, episodes))) if video is not None else []
     frames: list[list[np.ndarray]] = [[] for _ in recorded]
 
@@ -250,7 +251,7 @@ def evaluate(module, args, agent, spec, params, episodes: int, seed: int, greedy
 
     policy = make_policy_fn(agent, spec.action_space, greedy=greedy)
     returns, lengths, _ = run_episodes(envs, policy, params, jax.random.PRNGKey(seed), record=record if recorded else None,
-                                       episodic_life=episodic_life)
+                                       episodic_life=episodic_life, max_steps=evaluation_step_limit(args.env_id))
     envs.close()
     result = {"episodes": episodes, "return_mean": float(returns.mean()), "return_std": float(returns.std()),
               "length_mean": float(lengths.mean()), "length_std": float(lengths.std()),

@@ -208,6 +208,24 @@ class ServedPool:
         return getattr(self._pool, name)
 
 
+UNBOUNDED_EPISODE = 2**31 - 1  # EnvPool's max_episode_steps of a task with no time limit (CliffWalking, Blackjack)
+EVALUATION_EPISODE_STEPS = 10_000  # the evaluations' time limit on such a task
+
+
+def evaluation_options(env_id: str, start_level: int = 0, num_levels: int = 0) -> dict[str, int]:
+    """`make_envs` options of an evaluation pool: Procgen's test levels (`procgen_levels`); {} elsewhere."""
+    return procgen_levels(env_id, start_level, num_levels, evaluation=True)
+
+
+def evaluation_step_limit(env_id: str) -> int | None:
+    """Env steps after which an evaluation episode is cut (counted as truncated) on a task whose
+    episodes EnvPool never truncates (max_episode_steps 2**31 - 1, which its CliffWalking does not
+    even apply): EVALUATION_EPISODE_STEPS, so that an evaluation, which plays whole episodes, always
+    ends (CliffWalking's greedy policy that never reaches the goal walks forever). None elsewhere:
+    the task's own time limit ends its episodes. Training is unaffected."""
+    return EVALUATION_EPISODE_STEPS if envpool.make_spec(env_id).config.max_episode_steps >= UNBOUNDED_EPISODE else None
+
+
 def procgen_levels(env_id: str, start_level: int, num_levels: int, evaluation: bool = False) -> dict[str, int]:
     """Procgen's level settings for `make_envs` (Cobbe et al. 2020, "Leveraging Procedural Generation
     to Benchmark Reinforcement Learning", section 2.2): training on the `num_levels` levels from

@@ -11,7 +11,7 @@ import time
 import jax
 import numpy as np
 
-from sebulba.envs import is_minigrid, make_envs, resolve_episodic_life
+from sebulba.envs import evaluation_step_limit, is_minigrid, make_envs, resolve_episodic_life
 from sebulba.networks import make_policy_fn
 from sebulba.threads import ParamsSlot, Stopped, timed_put
 
@@ -28,11 +28,13 @@ def eval_seed(run_seed: int) -> int:
     return (EVAL_SEED_OFFSET + run_seed * EVAL_SEED_STRIDE) % 2**31
 
 
-def run_episodes(envs, policy, params, key, stop=None, record=None, episodic_life: bool = False):
+def run_episodes(envs, policy, params, key, stop=None, record=None, episodic_life: bool = False,
+                 max_steps: int | None = None):
     """One whole game in each env of a synchronous pool (batch = all envs), with `policy` from
     make_policy_fn. Returns (raw returns [N] float64, lengths [N] int64 in env steps, key), in
     env-id order. `record(running)` is called after the reset and after every step (video);
-    `stop` is checked every step.
+    `stop` is checked every step. With `max_steps` an env's game ends after that many env steps
+    (`sebulba.envs.evaluation_step_limit`: tasks EnvPool never truncates).
 
     With `episodic_life` (Atari, the pool made as training made it: a life loss terminates
     EnvPool's episode, as in CleanRL's protocol, and EnvPool resets the life, pressing FIRE
@@ -74,6 +76,8 @@ def run_episodes(envs, policy, params, key, stop=None, record=None, episodic_lif
         game_over = truncated | (terminated & (info["lives"] == 0) if episodic_life else terminated)
         auto_reset = terminated & ~game_over
         running &= ~game_over
+        if max_steps is not None:
+            running &= lengths < max_steps
     return returns, lengths, key
 
 
@@ -94,12 +98,13 @@ class Evaluator:
         self.policy = make_policy_fn(agent, action_space, greedy=greedy)
         self.seed, self.key, self.greedy = seed, jax.random.PRNGKey(seed), greedy
         self.episodic_life = resolve_episodic_life(env_id, protocol, episodic_life)
+        self.max_steps = evaluation_step_limit(env_id)
         self.defines_success = is_minigrid(env_id)  # MiniGrid and BabyAI: a positive return is the goal reached
 
     def __call__(self, params, stop) -> dict[str, float]:
         start = time.perf_counter()
         returns, lengths, self.key = run_episodes(self.envs, self.policy, params, self.key, stop,
-                                                  episodic_life=self.episodic_life)
+                                                  episodic_life=self.episodic_life, max_steps=self.max_steps)
         return ({"eval/episodic_return_mean": float(returns.mean()), "eval/episodic_return_std": float(returns.std()),
                  "eval/episodic_length_mean": float(lengths.mean())}
                 | ({"eval/success_rate": float(np.mean(returns > 0))} if self.defines_success else {})

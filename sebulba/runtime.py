@@ -37,7 +37,7 @@ from sebulba.checkpoints import Checkpointer, incomplete_steps, read_resume_meta
 from sebulba.config import Cluster, ConfigError, RunFlags, Setup, flag, script_flags
 from sebulba.rundir import release_run_dirs, run_dir_owner, script_args, script_module, software
 from sebulba.devices import Placement, setup_devices, use_compilation_cache
-from sebulba.envs import env_segments, is_atari, is_minigrid, is_procgen, make_envs, pool_seed
+from sebulba.envs import env_segments, evaluation_options, is_atari, is_minigrid, is_procgen, make_envs, pool_seed
 from sebulba.evaluation import Evaluator, eval_seed, run_evaluator
 from sebulba.metrics import Logger
 from sebulba.rollouts import RolloutAssembler, obs_storage
@@ -203,13 +203,14 @@ class Run:
     def add_evaluator(self, agent, spec):
         """On process 0: the final evaluation (--eval-episodes) and the eval thread
         (--eval-interval, started by `launch`, on a pool of its own)."""
-        flags, setup = self.flags, self.setup
+        flags = self.flags
         self.explored_name = "ε-greedy" if getattr(agent, "q_network", False) else "sampled"
         if self.lead and flags.eval_episodes:
             self.make_evaluator = lambda: Evaluator(flags.env_id, flags.eval_episodes, agent, spec.action_space,
                                                     flags.eval_greedy, eval_seed(flags.seed),
                                                     flags.atari_protocol, flags.episodic_life,
-                                                    **(setup.procgen_levels or {}).get("eval", {}))
+                                                    **evaluation_options(flags.env_id, flags.procgen_start_level,
+                                                                         flags.procgen_num_levels))
 
     def log_eval(self, metrics: dict[str, float], global_step: int, final: bool = False, late: bool = False):
         """eval/* metrics to TensorBoard / W&B at `global_step`, and one console line."""
@@ -323,7 +324,16 @@ def layout_line(flags: RunFlags, setup: Setup, num_actor_devices: int, num_learn
             f"{setup.batch_size} in all; {setup.num_updates} updates" + "; observation normalisation" * setup.norm_obs
             + "; reward scaling" * setup.norm_reward + "; the mission read" * setup.read_mission
             + (f"; Atari protocol {flags.atari_protocol}" + ", a life loss ends a training episode" * setup.episodic_life
-               if is_atari(flags.env_id) else ""))
+               if is_atari(flags.env_id) else "") + procgen_phrase(flags))
+
+
+def procgen_phrase(flags: RunFlags) -> str:
+    """The layout line's words on Procgen's levels ('' elsewhere)."""
+    if not is_procgen(flags.env_id):
+        return ""
+    train = (f"{flags.procgen_num_levels} levels from level {flags.procgen_start_level}" if flags.procgen_num_levels
+             else "every level")
+    return f"; Procgen: training on {train}, evaluation on the unbounded level distribution"
 
 
 def resume_command(run_name: str) -> str:

@@ -22,7 +22,9 @@ from sebulba import ppo_lstm_envpool as ppo_lstm
 from sebulba import pqn_envpool as pqn
 from sebulba import sac_envpool as sac
 from sebulba.config import ConfigError, RunFlags, check_env_id, resolve_run
-from sebulba.envs import has_pixels, make_envs, make_spec, observations, procgen_levels
+from sebulba.envs import (EVALUATION_EPISODE_STEPS, evaluation_step_limit, has_pixels, make_envs, make_spec,
+                          observations, procgen_levels)
+from sebulba.evaluation import run_episodes
 from sebulba.rollouts import obs_storage
 
 
@@ -234,3 +236,19 @@ def test_readmes_other_family_commands_are_the_learning_rows():
     rows = ["LunarLander-v2/PPO/1M", "LunarLander-v2/PQN/1M", "CheetahRun-v1/SAC/500k", "CheetahRun-v1/PPO/1M",
             "StarpilotEasy-v0/PPO/2M", "CarRacing-v2/PPO/1M"]
     assert commands == [[f"sebulba/{learning.TASKS[row][0]}", *learning.TASKS[row][1]] for row in rows]
+
+
+def test_an_evaluation_ends_on_a_task_whose_episodes_envpool_never_truncates():
+    """CliffWalking has no time limit in EnvPool (max_episode_steps 2**31 - 1, and a smaller one is
+    not applied): a greedy policy that never reaches the goal would keep an evaluation, which plays
+    whole episodes, running forever. Its evaluations cut an episode at EVALUATION_EPISODE_STEPS."""
+    assert evaluation_step_limit("CliffWalking-v0") == EVALUATION_EPISODE_STEPS
+    assert evaluation_step_limit("CartPole-v1") is None and evaluation_step_limit("Breakout-v5") is None
+    envs = make_envs("CliffWalking-v0", 2, 2, 0, 1)
+
+    def up(params, obs, key):  # into the wall: never the goal, never the cliff
+        return np.zeros(len(obs), np.int32), None, None, None, key
+
+    returns, lengths, _ = run_episodes(envs, up, None, None, max_steps=evaluation_step_limit("CliffWalking-v0"))
+    np.testing.assert_array_equal(lengths, [EVALUATION_EPISODE_STEPS] * 2)
+    np.testing.assert_array_equal(returns, [-EVALUATION_EPISODE_STEPS] * 2)  # -1 a step
