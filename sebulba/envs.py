@@ -99,7 +99,8 @@ def observations(env_id: str) -> Observations:
     what = f"a dict of {', '.join(source.spaces)} holding more than vectors" if name == "Dict" else f"a {name} space"
     raise UnsupportedObservations(
         f"{env_id}'s observations are {what}; the scripts take pixels (uint8 [H, W, C] or [C, H, W]), vectors, "
-        "a dict of vectors (dm_control), a Discrete value (toy text) or MiniGrid's dict: README.md#tasks")
+        "a dict of vectors (dm_control), a Discrete value (toy text) or MiniGrid's dict: pick a task of those "
+        "(README.md#tasks) or add its observations to sebulba/envs.py's `observations`")
 
 
 def is_minigrid(env_id: str) -> bool:

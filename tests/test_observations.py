@@ -114,7 +114,8 @@ def test_an_id_whose_observations_no_script_takes_is_refused_in_one_line():
     assert code == 2 and stdout == "" and stderr.strip().splitlines() == [
         "error: --env-id BinPack-v2's observations are a dict of ems, ems_mask, items, items_mask, items_placed, "
         "action_mask holding more than vectors; the scripts take pixels (uint8 [H, W, C] or [C, H, W]), vectors, "
-        "a dict of vectors (dm_control), a Discrete value (toy text) or MiniGrid's dict: README.md#tasks"]
+        "a dict of vectors (dm_control), a Discrete value (toy text) or MiniGrid's dict: pick a task of those "
+        "(README.md#tasks) or add its observations to sebulba/envs.py's `observations`"]
 
 
 def test_procgen_without_qt_names_the_package_to_install(monkeypatch):
