@@ -54,7 +54,8 @@ sys.path.insert(0, str(ROOT))
 from sebulba.checkpoints import complete_steps  # noqa: E402
 from sebulba.config import Cluster  # noqa: E402
 from sebulba.devices import Placement  # noqa: E402
-from sebulba.envs import evaluation_options, evaluation_step_limit, is_atari, is_minigrid, is_mujoco, make_envs, resolve_episodic_life  # noqa: E402
+from sebulba.envs import (evaluation_step_limit, is_atari, is_minigrid, is_mujoco, make_envs, procgen_levels,  # noqa: E402
+                          resolve_episodic_life)
 from sebulba.evaluation import run_episodes  # noqa: E402
 from sebulba.networks import make_policy_fn  # noqa: E402
 from sebulba.rundir import software  # noqa: E402
@@ -240,7 +241,7 @@ def evaluate(module, args, agent, spec, params, episodes: int, seed: int, greedy
     episodic_life = resolve_episodic_life(args.env_id, protocol, getattr(args, "episodic_life", None))
     levels = (getattr(args, "procgen_start_level", 0), getattr(args, "procgen_num_levels", 0))  # SAC has none
     envs = make_envs(args.env_id, episodes, episodes, seed, threads, protocol, episodic_life,
-                     **evaluation_options(args.env_id, *levels), **({"render_mode": "rgb_array"} if video else {}))
+                     **procgen_levels(args.env_id, *levels, evaluation=True), **({"render_mode": "rgb_array"} if video else {}))
     recorded = list(range(min(video_episodes, episodes))) if video is not None else []
     frames: list[list[np.ndarray]] = [[] for _ in recorded]
 

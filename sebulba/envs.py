@@ -44,13 +44,12 @@ class Observations(NamedTuple):
       as a one-hot float32 vector).
     space: the observation space as the pools serve it (what rollouts store and networks take).
     serve: the host-side transform of one `recv` batch, or None where EnvPool's arrays are served.
-    source: EnvPool's own observation space; keys: a dict of vectors' keys in flattening order.
+    keys: a dict of vectors' keys in flattening order.
     """
 
     kind: str
     space: Any
     serve: Callable | None
-    source: Any
     keys: tuple[str, ...] = ()
 
 
@@ -75,27 +74,27 @@ def observations(env_id: str) -> Observations:
     name = type(source).__name__
     if name == "Box" and source.dtype == np.uint8 and len(source.shape) == 3:
         if not _channels_last(source.shape):
-            return Observations("pixels", source, None, source)
+            return Observations("pixels", source, None)
         h, w, c = source.shape
         return Observations("pixels", gymnasium.spaces.Box(0, 255, (c, h, w), np.uint8),
-                            lambda obs: np.ascontiguousarray(np.moveaxis(obs, -1, 1)), source)
+                            lambda obs: np.ascontiguousarray(np.moveaxis(obs, -1, 1)))
     if name in ("Box", "MultiBinary"):
-        return Observations("vector", source, None, source)
+        return Observations("vector", source, None)
     if name == "Discrete":
-        n, start = int(source.n), int(source.start)
-        return Observations("vector", gymnasium.spaces.Box(0.0, 1.0, (n,), np.float32),
-                            lambda obs: np.eye(n, dtype=np.float32)[np.asarray(obs) - start], source)
+        one_hot, start = np.eye(int(source.n), dtype=np.float32), int(source.start)  # rows picked per recv
+        return Observations("vector", gymnasium.spaces.Box(0.0, 1.0, (len(one_hot),), np.float32),
+                            lambda obs: one_hot[np.asarray(obs) - start])
     if name == "Dict" and {"image", "direction", "mission"} <= set(source.spaces):
         tokenize = MissionTokenizer(env_id)
         return Observations("minigrid", word_space(source, env_id),
-                            lambda obs: {**obs, "mission": tokenize(obs["mission"])}, source)
+                            lambda obs: {**obs, "mission": tokenize(obs["mission"])})
     if name == "Dict" and all(_is_vector(sub) for sub in source.spaces.values()):
         keys = tuple(source.spaces)  # the task's own order (dm_control's observation dict, the robotics tasks')
         size = sum(int(np.prod(source[k].shape)) for k in keys)
         dtype = np.result_type(*(source[k].dtype for k in keys))
         return Observations("vector", gymnasium.spaces.Box(-np.inf, np.inf, (size,), dtype),
                             lambda obs: np.concatenate([np.asarray(obs[k], dtype).reshape(len(obs[k]), -1)
-                                                        for k in keys], axis=1), source, keys)
+                                                        for k in keys], axis=1), keys)
     what = f"a dict of {', '.join(source.spaces)} holding more than vectors" if name == "Dict" else f"a {name} space"
     raise UnsupportedObservations(
         f"{env_id}'s observations are {what}; the scripts take pixels (uint8 [H, W, C] or [C, H, W]), vectors, "
@@ -211,11 +210,6 @@ class ServedPool:
 
 UNBOUNDED_EPISODE = 2**31 - 1  # EnvPool's max_episode_steps of a task with no time limit (CliffWalking, Blackjack)
 EVALUATION_EPISODE_STEPS = 10_000  # the evaluations' time limit on such a task
-
-
-def evaluation_options(env_id: str, start_level: int = 0, num_levels: int = 0) -> dict[str, int]:
-    """`make_envs` options of an evaluation pool: Procgen's test levels (`procgen_levels`); {} elsewhere."""
-    return procgen_levels(env_id, start_level, num_levels, evaluation=True)
 
 
 def evaluation_step_limit(env_id: str) -> int | None:

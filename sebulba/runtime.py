@@ -37,7 +37,7 @@ from sebulba.checkpoints import Checkpointer, incomplete_steps, read_resume_meta
 from sebulba.config import Cluster, ConfigError, RunFlags, Setup, flag, script_flags
 from sebulba.rundir import release_run_dirs, run_dir_owner, script_args, script_module, software
 from sebulba.devices import Placement, setup_devices, use_compilation_cache
-from sebulba.envs import env_segments, evaluation_options, is_atari, is_minigrid, is_procgen, make_envs, pool_seed
+from sebulba.envs import env_segments, is_atari, is_minigrid, is_procgen, make_envs, pool_seed
 from sebulba.evaluation import Evaluator, eval_seed, run_evaluator
 from sebulba.metrics import Logger
 from sebulba.rollouts import RolloutAssembler, obs_storage
@@ -203,14 +203,13 @@ class Run:
     def add_evaluator(self, agent, spec):
         """On process 0: the final evaluation (--eval-episodes) and the eval thread
         (--eval-interval, started by `launch`, on a pool of its own)."""
-        flags = self.flags
+        flags, setup = self.flags, self.setup
         self.explored_name = "ε-greedy" if getattr(agent, "q_network", False) else "sampled"
         if self.lead and flags.eval_episodes:
             self.make_evaluator = lambda: Evaluator(flags.env_id, flags.eval_episodes, agent, spec.action_space,
                                                     flags.eval_greedy, eval_seed(flags.seed),
                                                     flags.atari_protocol, flags.episodic_life,
-                                                    **evaluation_options(flags.env_id, flags.procgen_start_level,
-                                                                         flags.procgen_num_levels))
+                                                    **(setup.procgen_levels or {}).get("eval", {}))
 
     def log_eval(self, metrics: dict[str, float], global_step: int, final: bool = False, late: bool = False):
         """eval/* metrics to TensorBoard / W&B at `global_step`, and one console line."""
