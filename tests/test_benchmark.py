@@ -475,55 +475,17 @@ def test_cleanba_parity_maps_every_resnet_parameter_once():
     assert mapped["actor_params/params/Dense_0/kernel"].shape == (256, 18)
 
 
-def test_the_impala_breakout_figures_quoted_in_docs_are_the_recorded_ones():
-    """docs/impala_envpool.md quotes the Breakout rows under Cleanba's settings and the parity
-    check; each figure is recomputed here from benchmark/results (learning.json, cleanba.json)."""
+def test_the_impala_parity_figures_quoted_in_docs_are_the_recorded_ones():
+    """docs/impala_envpool.md quotes the one-batch parity check against Cleanba's update; each figure
+    is recomputed here from benchmark/results/cleanba.json."""
     root = Path(__file__).resolve().parents[1]
-    learned = json.loads((root / "benchmark/results/learning.json").read_text())["results"]
     parity = json.loads((root / "benchmark/results/cleanba.json").read_text())["parity"]["results"]
     docs = " ".join((root / "docs/impala_envpool.md").read_text().split())
-    torch, tf1 = (learned[f"Breakout-v5/IMPALA/2M-cleanba{s}"]["runs"][0] for s in ("", "-tf1-rmsprop"))
-    curve = {name: [(s, v) for s, v in run["curve"] if v is not None] for name, run in (("torch", torch), ("tf1", tf1))}
-    early = [v for s, v in curve["torch"] if 300_000 <= s <= 1_000_000]
-    assert f"({torch['wall_s']:,.0f} s)" in docs
-    assert f"between {min(early):.1f} and {max(early):.1f} from 300k to 1M env steps" in docs
-    assert f"to {torch['end_return']:.1f} at 2M (final evaluation {torch['final_eval']:.1f} ± " \
-           f"{torch['final_eval_std']:.1f} over 10 games)" in docs
-    assert f"rose above {max(v for s, v in curve['tf1'] if s >= 300_000):.1f} from 300k to 1.3M" in docs
-    assert f"ending at {tf1['end_return']:.1f} (final evaluation {tf1['final_eval']:.1f})" in docs
-    assert f"reached {max(v for s, v in curve['torch'] if 1_000_000 < s <= 1_300_000):.1f} between 1M and 1.3M" in docs
     steps = parity["aligned"]["rmsprop-torch"]
     assert (f"{steps['after_1']['step_relative_difference']:.0e} apart after one update, growing to "
             f"{steps['after_5']['step_relative_difference']:.0e} after five").replace("e-0", "e-") in docs
     native = parity["native"]["rmsprop-torch"]["gradient_relative_difference"]
     assert f"its loss terms and gradient differ from ours by about {100 * native:.0f} %" in docs
-
-
-def test_the_pqn_cartpole_figures_quoted_in_docs_are_the_recorded_ones():
-    """docs/pqn_envpool.md's sentences on the CartPole preset at --max-policy-lag 1 and 0,
-    recomputed from benchmark/results/learning.json."""
-    root = Path(__file__).resolve().parents[1]
-    learned = json.loads((root / "benchmark/results/learning.json").read_text())["results"]
-    docs = " ".join((root / "docs/pqn_envpool.md").read_text().split())
-    means, reached = {}, {}
-    for lag, suffix in ((1, ""), (0, "-lag0"), (None, "-cleanrl")):
-        runs = learned[f"CartPole-v1/PQN/500k{suffix}"]["runs"]
-        ends, evals = [run["end_return"] for run in runs], [run["final_eval"] for run in runs]
-        means[suffix] = f"{statistics.mean(ends):.1f} ± {statistics.pstdev(ends):.1f}"
-        if lag is None:
-            continue
-        curves = [[(s, v) for s, v in run["curve"] if v is not None] for run in runs]
-        first = [next(s for s, v in c if v >= 500) for c in curves]
-        low = [min(v for s, v in c if s > f) for c, f in zip(curves, first)]
-        assert max(low) < 500  # "every seed dipped", "every run at either lag fell"
-        reached[suffix] = f"first at {min(first) / 1000:.0f}k to {max(first) / 1000:.0f}k env steps"
-        assert (f"At {lag}: {reached[suffix]}, the lowest last-20 mean after that {min(low):.0f} to {max(low):.0f}; "
-                f"end of run {means[suffix]} (lowest seed {min(ends):.1f}), final evaluations "
-                f"{statistics.mean(evals):.1f} ± {statistics.pstdev(evals):.1f}; "
-                f"{statistics.median(run['wall_s'] for run in runs):.0f} s a run (median).") in docs, lag
-    phrase = (f"end-of-run means {means['']} (the preset), {means['-lag0']} (the preset at `--max-policy-lag 0`) "
-              f"and {means['-cleanrl']} (CleanRL's sizes)")
-    assert phrase in docs
 
 
 def test_the_gpu_needs_quoted_in_readme_are_the_recorded_ones():

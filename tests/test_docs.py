@@ -235,3 +235,87 @@ def test_every_measured_figure_on_the_pages_comes_from_the_results(page):
     text = re.sub(r"<!-- presets:.*?<!-- /presets -->", "", page.read_text(), flags=re.S)
     found = set(MEASURED.findall(text))
     assert found <= set(ACCOUNTED.get(page.name, {})), sorted(found - set(ACCOUNTED.get(page.name, {})))
+
+
+# A learning result as the pages write it: a number after the words that report one (a return, a last-20 mean,
+# a final evaluation, a success rate, what a run reached, ended at or fell to), with the env steps it came at
+# where they follow; any "mean ± std"; "N of M reached"; a run's wall clock ("54 s a run", "(3,984 s)",
+# "takes about 400 s"); a range of env steps ("95k–121k env steps"). A bound ("≥ 450") is a target, not a result,
+# and is not matched; nor is a bare 0 or a number that counts games or episodes.
+_FIGURE = r"(?!0(?!\.\d|,\d|\d))[−-]?\d(?:,?\d)*(?:\.\d+)?"
+_LEARNED_FIGURE = (_FIGURE + r"(?!\w|,\d|\.\d|-|\s*(?:finished |training |evaluation )?(?:games|episodes)\b)"
+                   r"(?: (?:at|within|after|by|from) (?:about )?\d[\d,.]*[kM]?(?: env steps)?)?")
+LEARNED = re.compile(
+    r"\b(?:last-20 mean|mean return|returns?|final (?:greedy )?evaluations?|success rates?|end-of-run means?|"
+    r"reached|reaches|reach|reaching|passed|touched|ended|ends|fell|rose|climbed|dropped|stayed|swung|settled|"
+    r"scored|scores|measured|gives?|gave)"
+    r"(?: (?:a|an|the|its|first|never|back|only|steadily|about|at|to|of|near|above|below|between|was|were|reads|"
+    r"\*\*))* ?" + _LEARNED_FIGURE +
+    r"|" + _FIGURE + r" ± \d(?:,?\d)*(?:\.\d+)?"
+    r"|\b\d+ (?:runs |games |seeds )?of \d+(?: in all)? (?:reached|stayed|solved|succeeded|fell|ended)"
+    r"|\bsucceeded in \d+"
+    r"|\d[\d,.]*(?:–\d[\d,.]*)? ?(?:s|min|minutes|hours?)\b(?: each)?"
+    r"(?: a run| per run| from launch| on 2 (?:CPU )?cores)"
+    r"|\(\d(?:,?\d)* s\)"
+    r"|\btakes? (?:about )?\d[\d,.]* ?(?:s|min|minutes|hours?)\b"
+    r"|\d[\d.]*[kM](?:,? (?:and|to) |–|, )\d[\d.]*[kM]\b[^.;]{0,12}?env steps")
+# Every such figure on a page, with why it is not a result of ours: a target or threshold, a task's maximum,
+# an example of a console line, a peer's published figure (its source), a flag's value.
+CONSOLE_EXAMPLE = "an example of the console line (its format, not a result)"
+ACCOUNTED_LEARNING = {
+    "README.md": {"return 500.0": CONSOLE_EXAMPLE},
+    "architecture.md": {"2 minutes on 2 cores": "how long the test suite's fast tests take, not a run's result"},
+    "benchmarks.md": {"4 min on 2 cores": "how long `run.py --quick` takes, not a run's result",
+                      "last-20 mean of 10": "a learning row's target",
+                      "reaches 475": "time_to_solve.py's definition of solved (a target)",
+                      "return of 475": "the same definition"},
+    "distributed.md": {"(45 s)": "`--coordinator-timeout-s`'s default, a flag's value"},
+    "evaluation.md": {"500.0 ± 0.0": CONSOLE_EXAMPLE, "return 500.0": CONSOLE_EXAMPLE,
+                      "return 1000.0": CONSOLE_EXAMPLE, "success rate 0.95": CONSOLE_EXAMPLE},
+    "impala_envpool.md": {"last-20 mean of 475": "the test's threshold (tests/test_impala.py)",
+                          "reaches 475": "the learning row's target, quoted",
+                          "reaching 475": "the definition of falling back after solving (a threshold)",
+                          "last-20 mean of 20": "the learning row's target"},
+    "ppo_envpool.md": {"1442.6 ± 46.0": "CleanRL's published figure (its ppo_continuous_action.py benchmark)",
+                       "2382.9 ± 271.7": "the same", "2288.0 ± 571.8": "the same",
+                       "490.0 ± 6.1": "CleanRL's published figure (its ppo.py benchmark)",
+                       "reaches 450 within 100k env steps": "the test's threshold (tests/test_envpool_runs.py)",
+                       "reach 500": "CartPole-v1's maximum",
+                       "return 202.9": CONSOLE_EXAMPLE},
+    "ppo_lstm_envpool.md": {"last-20 mean of 475 within 150k env steps": "the test's threshold (tests/test_lstm.py)",
+                            "reached 475": "the solved threshold"},
+    "pqn_envpool.md": {"reaches 475": "the test's threshold (tests/test_pqn.py)", "reached 475": "the solved threshold",
+                       "495.1 ± 6.9": "CleanRL's published figure (its pqn.py benchmark)",
+                       "reaches 0.01 at 1M env steps": "ε's schedule (flags), not a result",
+                       "reach 0.01 at 200k": "the same"},
+}
+
+
+@pytest.mark.parametrize("page", PAGES, ids=lambda p: p.name)
+def test_every_learning_result_on_the_pages_comes_from_the_results(page):
+    """A return, last-20 mean, final evaluation, success rate, env-step count or wall clock of a run typed into
+    README or docs/ goes stale when the results change: the figure lives in benchmark/results/, shown in
+    benchmark/RESULTS.md and README's presets table (generated between report.py's markers), and a page says in
+    words what was found and links there. What the pattern still finds must be accounted for as not a result of
+    ours (ACCOUNTED_LEARNING: a target, a task's maximum, an example console line, a peer's published figure)."""
+    text = " ".join(re.sub(r"<!-- presets:.*?<!-- /presets -->", "", page.read_text(), flags=re.S).split())
+    found = set(LEARNED.findall(text))
+    accounted = set(ACCOUNTED_LEARNING.get(page.name, {}))
+    assert found <= accounted, f"{page.name}: link to RESULTS.md instead of typing {sorted(found - accounted)}"
+
+
+def test_the_learning_result_pattern_finds_what_the_pages_used_to_type():
+    typed = ("every seed reached a last-20 mean of 475 (95k–121k env steps) and ended at 500 with a final "
+             "evaluation of 500; 54 s a run. success rates **1.00, 1.00, 1.00**, about 14 min a run. The same with "
+             "learning rate 1e-3 touched 480 at 46k and fell to 377 at the end; 339 ± 87 at the end; 5 of 5 reached "
+             "475; the mean of the last 20 games stayed between 2.5 and 5.3, then climbed steadily to 15.1 at 2M "
+             "(final evaluation 13.4 ± 2.0 over 10 games); one seed (3,984 s); a run takes about 400 s; "
+             "the final evaluation reads about −122 ± 3")
+    assert set(LEARNED.findall(typed)) == {
+        "last-20 mean of 475", "95k–121k env steps", "ended at 500", "final evaluation of 500", "54 s a run",
+        "success rates **1.00", "14 min a run", "touched 480 at 46k", "fell to 377", "339 ± 87", "5 of 5 reached",
+        "stayed between 2.5", "climbed steadily to 15.1 at 2M", "final evaluation 13.4", "(3,984 s)",
+        "takes about 400 s", "final evaluation reads about −122"}
+    not_results = ("a last-20 mean ≥ 450 after 81,920 env steps; the last 20 finished games; the final evaluation, "
+                   "10 games; the return was above 0; a 500-step limit; ε reaches 0 at the end; `--hiddens 64 64`")
+    assert not LEARNED.findall(not_results)
