@@ -223,16 +223,14 @@ def test_report_renders_the_gpu_section(tmp_path):
 
 @pytest.mark.slow
 def test_gpu_check_dry_run_on_the_cpu_writes_its_results_and_section(tmp_path):
-    """`benchmark/gpu.py --dry-run`, as CI runs it so the check cannot rot: every step at tiny sizes on the CPU
-    (PPO on the split layout over two virtual CPU devices), gpu.json and a RESULTS.md that says it was a dry run."""
+    """`benchmark/gpu.py --dry-run`, as CI runs it so the check cannot rot: raw EnvPool and PPO on the split layout
+    over two virtual CPU devices at tiny sizes, gpu.json and a RESULTS.md that says it was a dry run."""
     import subprocess
     proc = subprocess.run([sys.executable, str(Path(common.ROOT) / "benchmark" / "gpu.py"), "--dry-run", "--out",
                            str(tmp_path)], capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     written = json.loads((tmp_path / "gpu.json").read_text())
-    assert written["dry_run"] and set(written["results"]) == {
-        "Breakout-v5/EnvPool", "Breakout-v5/PPO/a0-l1", "Breakout-v5/IMPALA/a0-l0", "Breakout-v5/PQN/a0-l0",
-        "HalfCheetah-v4/SAC/a0-l0"}
+    assert written["dry_run"] and set(written["results"]) == {"Breakout-v5/EnvPool", "Breakout-v5/PPO/a0-l1"}
     for name, r in written["results"].items():
         assert r["sps"]["median"] > 0, name
         if name != "Breakout-v5/EnvPool":

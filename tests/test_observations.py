@@ -179,12 +179,13 @@ RUNS = [
     (ppo, "CarRacing-v2", ["--num-steps", "4", "--total-timesteps", "32", "--atari-encoder", "nature", "--hiddens",
                            "8", "--eval-episodes", "0"]),
     (sac, "CarRacing-v2", ["--num-steps", "4", "--total-timesteps", "32", "--learning-starts", "16", "--buffer-size",
-                           "64", "--hiddens", "8", "--eval-episodes", "0"]),
+                           "64", "--minibatch-size", "8", "--hiddens", "8", "--eval-episodes", "0"]),
     (impala, "WalkerWalk-v1", ["--num-steps", "8", "--total-timesteps", "64", "--hiddens", "8"]),
     (impala, "CoinrunEasy-v0", ["--num-steps", "8", "--total-timesteps", "64", "--channels", "4", "--hiddens", "8"]),
     (ppo_lstm, "FrozenLake-v1", ["--num-steps", "8", "--total-timesteps", "64", "--hiddens", "8"]),
     (pqn, "Taxi-v3", ["--num-steps", "8", "--total-timesteps", "64", "--hiddens", "8"]),
-    (pqn, "StarpilotEasy-v0", ["--num-steps", "8", "--total-timesteps", "64", "--hiddens", "8"]),
+    (pqn, "StarpilotEasy-v0", ["--num-steps", "8", "--total-timesteps", "64", "--num-minibatches", "2", "--update-epochs",
+                               "1", "--hiddens", "8"]),
     (sac, "CheetahRun-v1", ["--total-timesteps", "64", "--learning-starts", "32", "--hiddens", "8"]),
 ]
 
