@@ -210,7 +210,7 @@ def test_the_docs_site_builds_with_every_link_and_anchor_found(tmp_path, monkeyp
 
 # A measured figure in the units of throughput, latency and memory, as the pages write them.
 MEASURED = re.compile(r"(?<![\w.-])\d[\d,]*(?:\.\d+)?k?\s*(?:env steps/s|env steps per second|SPS|µs|ms\b|GiB|MiB|GFLOP/s|"
-                      r"gradient steps/s|frames/s)")
+                      r"gradient steps/s|frames/s|samples/s)")
 # Every such figure outside a block that benchmark/report.py generates, with what accounts for it: the test
 # that recomputes it from benchmark/results/, or why it is not one of ours.
 ACCOUNTED = {
