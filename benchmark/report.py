@@ -149,10 +149,9 @@ def find(e2e: dict | None, algo: str, task: str, layout: str, mode: str, sweep: 
     return None
 
 
-def elsewhere(row: dict, data: dict) -> str:
-    """", on <CPU>" where a row was measured on another CPU than its file's machine (a merged re-run)."""
-    cpu = row.get("cpu") or data["machine"]["cpu"]
-    return "" if cpu == data["machine"]["cpu"] else f", on {cpu}"
+def measured_on(row: dict, data: dict) -> str:
+    """", on <CPU>": the CPU a row was measured on (its own record, else its file's machine)."""
+    return f", on {row.get('cpu') or data['machine']['cpu']}"
 
 
 def e2e_section(e2e: dict, stages: dict | None, img: Path, rel: str) -> list[str]:
@@ -169,7 +168,7 @@ def e2e_section(e2e: dict, stages: dict | None, img: Path, rel: str) -> list[str
         out.append(f"| {r['algo']} | {r['task']} | {r['layout']} | {r['mode']}{r['sweep']} | {fmt(r['sps'])} | "
                    f"{fmt(r['updates_per_s'], 2)} | {fmt(r['time_to_first_update_s'], 1)} | "
                    f"{' / '.join(f'{c:.0f}' for c in r['cpu_per_core'])} | {fmt(r.get('peak_rss_mib'))} | "
-                   f"{r.get('commit') or e2e['machine'].get('commit') or '?'}{elsewhere(r, e2e)} |")
+                   f"{r.get('commit') or e2e['machine'].get('commit') or '?'}{measured_on(r, e2e)} |")
     recurrent = [(r, find(e2e, "PPO", r["task"], r["layout"], r["mode"], r["sweep"]))
                  for r in e2e["rows"] if r["algo"] == "PPO-LSTM"]
     if recurrent:
@@ -402,12 +401,26 @@ def cleanba_section(cleanba: dict, learn: dict | None, img: Path, rel: str) -> l
     return out
 
 
+def mean_spread(values: list[float], digits: int) -> str:
+    """"mean ± std" over seeds; one seed's figure alone (a std of one run would read as no spread)."""
+    return f"{statistics.fmean(values):,.{digits}f}" + (
+        f" ± {statistics.pstdev(values):,.{digits}f}" if len(values) > 1 else "")
+
+
+def return_digits(values: list[float]) -> int:
+    """Decimals for returns: 2 where they lie in [0, 10) (MiniGrid's in [0, 1]), else 1."""
+    return 2 if max(map(abs, values)) < 10 else 1
+
+
+def reference_text(ref: list | None) -> str:
+    """A learning row's reference, "figure ± std (source)"; a threshold (no std, or 0) without the ±."""
+    return (f"{ref[0]:,.1f}" + (f" ± {ref[1]:,.1f}" if ref[1] else "") + f" ({ref[2]})") if ref else "–"
+
+
 def learning_section(learn: dict, img: Path, rel: str) -> list[str]:
     def mean_std(values):
         values = [v for v in values if v is not None]
-        if not values:
-            return "n/a"
-        return f"{statistics.fmean(values):,.1f} ± {statistics.pstdev(values):,.1f}"
+        return mean_spread(values, return_digits(values)) if values else "n/a"
     out = ["## Learning quality (`benchmark/learning.py`)", "",
            "End-of-run return by CleanRL's protocol: the mean raw return of the last 20 finished training games "
            "at the end of each run (`episodic_return_mean`), then mean ± std over seeds. Final evaluation: "
@@ -417,7 +430,7 @@ def learning_section(learn: dict, img: Path, rel: str) -> list[str]:
            "per run | code |", "| --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
     for name, r in learn["results"].items():
         ref = r["reference"]
-        reference = (f"{ref[0]:,.1f}" + (f" ± {ref[1]:,.1f}" if ref[1] is not None else "") + f" ({ref[2]})") if ref else "–"
+        reference = reference_text(ref)
         wall = statistics.median(run["wall_s"] for run in r["runs"])
         verdict = {True: "met", False: "missed", None: ""}[r["met"]]
         successes = [x["final_success"] for x in r["runs"] if x.get("final_success") is not None]
@@ -427,7 +440,7 @@ def learning_section(learn: dict, img: Path, rel: str) -> list[str]:
         cut += f" (unfinished: stopped at {min(stopped):,} env steps)" if stopped else ""
         out.append(f"| {name}{cut} | {len(r['runs'])} | {reference} | {mean_std([x['end_return'] for x in r['runs']])} | "
                    f"{mean_std([x['final_eval'] for x in r['runs']])}{success} | {r['target'] or '–'} | {verdict} | {wall:,.0f} s | "
-                   f"{r.get('commit') or learn['machine'].get('commit') or '?'}{elsewhere(r, learn)} |")
+                   f"{r.get('commit') or learn['machine'].get('commit') or '?'}{measured_on(r, learn)} |")
         timed = all(run.get("wall_curve") for run in r["runs"])  # rows run since learning.py recorded the clock
         fig, axes = plt.subplots(1, 2 if timed else 1, figsize=(11 if timed else 6, 3.5), squeeze=False)
         ax = axes[0][0]
@@ -616,17 +629,15 @@ def presets_table(learn: dict) -> list[str]:
             ends = [run["end_return"] for run in runs if run.get("end_return") is not None]
             evals = [run["final_eval"] for run in runs if run.get("final_eval") is not None]
             success = [run["final_success"] for run in runs if run.get("final_success") is not None]
-            digits = 2 if max(map(abs, ends + evals)) < 10 else 1  # MiniGrid's returns lie in [0, 1]
-            reached = f"{statistics.fmean(ends):,.{digits}f}" + (
-                f" ± {statistics.pstdev(ends):,.{digits}f}" if len(ends) > 1 else "")
+            digits = return_digits(ends + evals)
+            reached = mean_spread(ends, digits)
             if evals:
                 reached += f"; {statistics.fmean(evals):,.{digits}f}"
             if success and name.split("/")[0].startswith(("MiniGrid", "BabyAI")):
                 reached += f"; success rate {statistics.fmean(success):.2f}"
             if r.get("budget"):
                 reached += f" (cut at {r['budget']:,} env steps)"
-            ref = r.get("reference")
-            reference = (f"{ref[0]:,.1f}" + (f" ± {ref[1]:,.1f}" if ref[1] else "") + f" ({ref[2]})") if ref else "–"
+            reference = reference_text(r.get("reference"))
             verdict = {True: "met", False: "**missed**", None: "–"}[r.get("met")]
             target = f"{r['target']}: {verdict}" if r.get("target") else "–"
             wall = statistics.median(run["wall_s"] for run in runs)

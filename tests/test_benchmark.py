@@ -99,8 +99,8 @@ def test_report_renders_tables_targets_and_plots(tmp_path):
     assert "Kept from an earlier sitting on another CPU: Breakout-v5 (CleanRL's sizes) (stages at abc1234" in text
     assert "| actor efficiency, CartPole-v1 | 0.50 | ≥ 0.85 | missed |" in text
     assert "| CartPole-v1 | a0-l0 | async | 0.40 | 2.00 |" in text  # PPO-LSTM ÷ PPO
-    assert "| 600 (600–600) | abc1234, on other cpu |" in text  # each e2e row names its code, and its CPU if not the file's
-    assert "| 600 (600–600) | ? |" in text  # a row measured on the file's machine names no CPU
+    assert "| 600 (600–600) | abc1234, on other cpu |" in text  # each e2e row names its code and its CPU
+    assert "| 600 (600–600) | ?, on test cpu |" in text  # the file's machine's, where the row records none
     assert "| startup | other cpu | 2 |" in text and "| def5678 |" in text  # each part names its own CPU and code
     assert "| Hopper-v4 | a0-l0 | 0.1 | 2,000 (2,000–2,000) | 200 | 150 (150–150) | 5% | 60% | abc1234 |" in text
     assert "(best: a0-l0 async) | 30,000 | ≥ 25,000 | met |" in text
@@ -177,9 +177,9 @@ def test_learning_targets_and_report(tmp_path):
                                   "target": "mean ≥ ref − 1 std", "runs": [run(9000.0)], "met": True}}}))
     text = report.report(tmp_path, tmp_path / "RESULTS.md", tmp_path / "img").read_text()
     assert ("| HalfCheetah-v4/PPO/1M | 2 | 1,442.6 ± 46.0 (CleanRL) | 1,400.0 ± 100.0 | 500.0 ± 0.0 | "
-            "mean ≥ ref − 1 std | met | 60 s | ? |") in text
+            "mean ≥ ref − 1 std | met | 60 s | ?, on test cpu |") in text
     assert (tmp_path / "img" / "learning" / "HalfCheetah-v4_PPO_1M.png").exists()
-    assert "| HalfCheetah-v4/SAC/1M | 1 | 9,634.9 ± 1,423.7 (CleanRL) | 9,000.0 ± 0.0 |" in text
+    assert "| HalfCheetah-v4/SAC/1M | 1 | 9,634.9 ± 1,423.7 (CleanRL) | 9,000.0 |" in text  # one seed: no spread
     assert (tmp_path / "img" / "learning" / "HalfCheetah-v4_SAC_1M.png").exists()  # with PPO's curve beside it
 
 
