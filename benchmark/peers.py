@@ -433,7 +433,7 @@ def peers_section(data: dict, img: Path, rel: str, save_fig) -> list[str]:
            f".venv-peers/: {listed(versions['venv'])}. Times are wall clock from launch to exit (or to the "
            "target), imports and start-up included; ours ran with its default persistent compilation cache "
            "(~/.cache/sebulba/jax), warm from earlier runs of the same sizes, as a user rerunning a command has it "
-           "(a first run on a machine compiles for about 4 s more: the startup section). Median (min–max) over "
+           "(a first run on a machine compiles first: the startup section has how long). Median (min–max) over "
            "seeds.", ""]
     results = data["results"]
     for task, modes in results.items():
