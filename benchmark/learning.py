@@ -187,7 +187,8 @@ DMC_SAC = ["--total-timesteps", "500000"]
 PROCGEN_PPO = ["--env-id", "StarpilotEasy-v0", "--total-timesteps", "2000000", "--local-num-envs", "64", "--num-steps",
                "256", "--num-actor-threads", "1", "--num-minibatches", "8", "--update-epochs", "3", "--learning-rate",
                "5e-4", "--gamma", "0.999", "--gae-lambda", "0.95", "--ent-coef", "0.01", "--norm-reward", "True",
-               "--max-policy-lag", "0", "--procgen-num-levels", "200", "--checkpoint-interval", "5"]
+               "--max-policy-lag", "0", "--procgen-num-levels", "200", "--checkpoint-interval", "5",
+               "--stall-timeout-s", "3600"]  # an update of 16,384 frames x 3 epochs takes minutes here
 # CarRacing-v2 from pixels (96x96x3, Box actions) with PPO and the Nature CNN: 8 envs x 512 steps, 10 epochs of
 # minibatches of 128, lr 1e-4, as rl-baselines3-zoo's CarRacing PPO (without its grey-scale, resize and frame stack).
 CARRACING_PPO = ["--env-id", "CarRacing-v2", "--total-timesteps", "1000000", "--local-num-envs", "8", "--num-steps",

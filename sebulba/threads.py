@@ -58,7 +58,8 @@ class ParamsSlot:
                     raise Stopped
                 if time.monotonic() > deadline:
                     raise StallError(f"{who} waited {timeout_s:.0f}s for params version {min_version} "
-                                     f"(learner is at {self.version}): the learner stalled")
+                                     f"(learner is at {self.version}): the learner stalled, or one update takes "
+                                     "longer than that here (then raise --stall-timeout-s)")
                 self._cond.wait(0.1)
             version = min_version if exact else self.version
             return version, self.history[version]
@@ -72,7 +73,8 @@ def timed_put(q: queue.Queue, item, stop: threading.Event, timeout_s: float, who
         except queue.Full:
             if time.monotonic() > deadline:
                 raise StallError(f"{who} could not hand a rollout to the learner for {timeout_s:.0f}s: "
-                                 "the learner stopped consuming") from None
+                                 "the learner stopped consuming, or one update takes longer than that here "
+                                 "(then raise --stall-timeout-s)") from None
     raise Stopped
 
 
@@ -83,7 +85,8 @@ def timed_get(q: queue.Queue, stop: threading.Event, timeout_s: float, who: str)
             return q.get(timeout=0.1)
         except queue.Empty:
             if time.monotonic() > deadline:
-                raise StallError(f"{who} received no rollout for {timeout_s:.0f}s: the actor stalled") from None
+                raise StallError(f"{who} received no rollout for {timeout_s:.0f}s: the actor stalled, or one "
+                                 "rollout takes longer than that here (then raise --stall-timeout-s)") from None
     raise Stopped
 
 
