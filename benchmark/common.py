@@ -125,10 +125,10 @@ def machine() -> dict:
             versions[package] = None
     git = subprocess.run(["git", "describe", "--always"], cwd=ROOT, capture_output=True, text=True,
                          check=False).stdout.strip() or None
-    # Dirty = code or docs changed since the commit; the suite's own outputs (results written by
-    # an earlier part of the same `run.py`) do not count.
-    changed = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no", "--", ".",
-                              ":!benchmark/results", ":!benchmark/RESULTS.md", ":!docs/img"], cwd=ROOT,
+    # Dirty = the code that runs changed since the commit (the scripts, the benchmarks, the
+    # dependencies' pins); pages, tests and the suite's own outputs do not change a measurement.
+    changed = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no", "--", "sebulba", "scripts",
+                              "benchmark/*.py", "pyproject.toml"], cwd=ROOT,
                              capture_output=True, text=True, check=False).stdout.strip()
     git = f"{git}-dirty" if git and changed else git
     return {"commit": git, "cpu": cpu, "cores": os.cpu_count(), "memory_gib": round(psutil.virtual_memory().total / 2**30, 1),
