@@ -54,7 +54,8 @@ def machine_section(data: list[dict], names: list[str]) -> list[str]:
     date and the code."""
     out = ["## Machine", "", "Each part of these results as it was measured: its CPU (model, family and model "
            "number, widest vector unit, where recorded), cores, memory, GPU, software, date and code (git; `-dirty`: "
-           "with uncommitted changes).", "",
+           "with uncommitted changes to the code that runs: sebulba/, scripts/, benchmark/*.py or the pins; records "
+           "made before that rule counted a changed page too).", "",
            "| part | CPU | cores | memory | GPU | software | date | code |", "| --- | --- | --- | --- | --- | --- | --- | --- |"]
     for name, d in zip(names, data):
         if not d:
