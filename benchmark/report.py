@@ -596,7 +596,7 @@ README_PRESETS = [
     ("SAC", "sac", ["Hopper-v4/SAC/300k", "HalfCheetah-v4/SAC/300k", "Walker2d-v4/SAC/300k"]),
     ("Other task families", "other-task-families", ["LunarLander-v2/PPO/1M", "LunarLander-v2/PQN/1M",
                                                     "CheetahRun-v1/PPO/1M", "CheetahRun-v1/SAC/500k",
-                                                    "WalkerWalk-v1/SAC/500k", "StarpilotEasy-v0/PPO/2M",
+                                                    "WalkerWalk-v1/SAC/500k", "StarpilotEasy-v0/PPO/2M-nature",
                                                     "CarRacing-v2/PPO/1M"]),
     ("Atari", "atari", ["Breakout-v5/PPO/2M-cleanrl", "Breakout-v5/PQN/2M-cleanrl", "Breakout-v5/IMPALA/2M-cleanba"]),
 ]
