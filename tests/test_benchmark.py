@@ -487,7 +487,7 @@ def test_the_impala_parity_figures_quoted_in_docs_are_the_recorded_ones():
 
 
 def test_the_gpu_needs_quoted_in_readme_are_the_recorded_ones():
-    """README's "What the headline command needs on GPUs", recomputed from memory.json and env_throughput.json."""
+    """README's "What the default Atari run needs on GPUs", recomputed from memory.json and env_throughput.json."""
     root = Path(__file__).resolve().parents[1]
     mem = json.loads((root / "benchmark/results/memory.json").read_text())
     env = json.loads((root / "benchmark/results/env_throughput.json").read_text())

@@ -235,7 +235,8 @@ def test_readmes_other_family_commands_are_the_learning_rows():
 
     text = (Path(__file__).parents[1] / "README.md").read_text().split("### Other task families")[1].split("### ")[0]
     commands = [line.split()[1:] for line in text.split("```")[1].strip().splitlines()]
-    rows = ["LunarLander-v2/PPO/1M", "LunarLander-v2/PQN/1M", "CheetahRun-v1/SAC/500k", "CheetahRun-v1/PPO/1M",
+    rows = ["LunarLander-v2/PPO/1M", "LunarLander-v2/PQN/1M", "CheetahRun-v1/SAC/500k", "WalkerWalk-v1/SAC/500k",
+            "CheetahRun-v1/PPO/1M",
             "StarpilotEasy-v0/PPO/2M-nature", "CarRacing-v2/PPO/1M"]
     assert commands == [[f"sebulba/{learning.TASKS[row][0]}", *learning.TASKS[row][1]] for row in rows]
 
