@@ -16,6 +16,8 @@ import re
 import shlex
 from pathlib import Path
 
+import jax
+import jax.numpy as jnp
 import pytest
 import tyro
 
@@ -182,6 +184,28 @@ def test_anchors_are_the_ones_github_makes(tmp_path):
                     "## Results\n## Results\n```\n# not a heading\n```\n## End-to-end ÷ limit: [x](y.md)\n")
     assert github_anchors(page) == {"start-up-and-the-compilation-cache", "--norm-adv-mujoco--box-actions", "results",
                                     "results-1", "end-to-end--limit-x"}
+
+
+def test_the_resnets_work_against_the_nature_cnns_is_what_the_pages_say():
+    """README, the PPO and the IMPALA pages compare the IMPALA ResNet (16, 32, 32) + 256 with the Nature CNN by the work a frame:
+    XLA's flop count of each encoder's forward pass, on Atari's 84x84x4 frames (the Nature CNN with 512) and on
+    Procgen's 64x64x3 (with 256, the StarPilot row's), rounded as the pages quote it."""
+    from sebulba.networks import ImpalaEncoder, NatureEncoder
+
+    def flops(encoder, shape):
+        frames = jnp.zeros((1, *shape), jnp.uint8)
+        params = jax.eval_shape(encoder.init, jax.random.PRNGKey(0), frames)
+        return jax.jit(encoder.apply).lower(params, frames).cost_analysis()["flops"]
+
+    atari = flops(ImpalaEncoder((16, 32, 32), (256,)), (4, 84, 84)) / flops(NatureEncoder((512,)), (4, 84, 84))
+    procgen = flops(ImpalaEncoder((16, 32, 32), (256,)), (3, 64, 64)) / flops(NatureEncoder((256,)), (3, 64, 64))
+    readme = " ".join((ROOT / "README.md").read_text().split())
+    assert (f"takes about {procgen:.0f}x its work a frame on Procgen's 64x64x3 frames, about {atari:.0f}x on "
+            "Atari's 84x84x4") in readme
+    ppo = " ".join((ROOT / "docs" / "ppo_envpool.md").read_text().split())
+    assert f"the IMPALA ResNet's gradient takes about {atari:.0f}× the Nature CNN's work a frame" in ppo
+    impala_page = " ".join((ROOT / "docs" / "impala_envpool.md").read_text().split())
+    assert f"the row uses the Nature CNN, about {atari:.0f}× less work a frame" in impala_page
 
 
 def test_the_pages_quote_no_line_counts():
