@@ -181,9 +181,9 @@ DMC_SAC = ["--total-timesteps", "500000"]
 # epochs, lr 5e-4, gamma 0.999, GAE lambda 0.95, entropy 0.01, rewards scaled, its synchronous loop) on Cobbe et al.
 # 2020's generalisation protocol (200 training levels; the final evaluation on the unbounded distribution), so train
 # and test levels are both reported. The network is the Nature CNN + 256, not CleanRL's IMPALA ResNet 16-32-32 + 256:
-# on 64x64x3 frames the ResNet takes about 8x its work (XLA's flop count), and on 2 cores one update of 16,384 frames x 3 epochs
-# through it took over 10 minutes beside another run (about 21 env steps/s: 2M env steps would be a day), where the
-# Nature CNN fits 2M in a few sittings (it resumes). CleanRL's own runs train the ResNet on the unbounded level
+# on 64x64x3 frames the ResNet takes about 8x its work (XLA's flop count), and on 2 cores one update of 16,384
+# frames x 3 epochs through it took over 10 minutes beside another run (about 21 env steps/s: 2M env steps would be
+# a day), where the Nature CNN fits 2M in a few sittings (it resumes). CleanRL's own runs train the ResNet on the unbounded level
 # distribution (num_levels 0) for 25M env steps; its docs' table, the reference shown, is their end, for context only:
 # its curve at 2M is a plot not read here, so the row has no target.
 PROCGEN_PPO = ["--env-id", "StarpilotEasy-v0", "--total-timesteps", "2000000", "--local-num-envs", "64", "--num-steps",

@@ -241,7 +241,8 @@ def evaluate(module, args, agent, spec, params, episodes: int, seed: int, greedy
     episodic_life = resolve_episodic_life(args.env_id, protocol, getattr(args, "episodic_life", None))
     levels = (getattr(args, "procgen_start_level", 0), getattr(args, "procgen_num_levels", 0))  # SAC has none
     envs = make_envs(args.env_id, episodes, episodes, seed, threads, protocol, episodic_life,
-                     **procgen_levels(args.env_id, *levels, evaluation=True), **({"render_mode": "rgb_array"} if video else {}))
+                     **procgen_levels(args.env_id, *levels, evaluation=True),
+                     **({"render_mode": "rgb_array"} if video else {}))
     recorded = list(range(min(video_episodes, episodes))) if video is not None else []
     frames: list[list[np.ndarray]] = [[] for _ in recorded]
 

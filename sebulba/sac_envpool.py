@@ -597,7 +597,8 @@ def run_learner(run: Run, state: SACState, buffer: replay.ReplayState, update_fn
             if run.lead:
                 print(f"update {update + 1}: learning starts ({env_steps} env steps in the replay, the first "
                       f"{setup.random_rollouts * setup.batch_size} with uniform actions); then "
-                      f"{args.replay_ratio:g} gradient step{'' if args.replay_ratio == 1 else 's'} per env step", flush=True)
+                      f"{args.replay_ratio:g} gradient step{'' if args.replay_ratio == 1 else 's'} per env step",
+                      flush=True)
         done += steps
         stage_times = timer.pop()
         if steps:

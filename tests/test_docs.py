@@ -187,8 +187,8 @@ def test_anchors_are_the_ones_github_makes(tmp_path):
 
 
 def test_the_resnets_work_against_the_nature_cnns_is_what_the_pages_say():
-    """README, the PPO and the IMPALA pages compare the IMPALA ResNet (16, 32, 32) + 256 with the Nature CNN by the work a frame:
-    XLA's flop count of each encoder's forward pass, on Atari's 84x84x4 frames (the Nature CNN with 512) and on
+    """README, the PPO and the IMPALA pages compare the IMPALA ResNet (16, 32, 32) + 256 with the Nature CNN by
+    the work a frame: XLA's flop count of each encoder's forward pass, on Atari's 84x84x4 frames (the Nature CNN with 512) and on
     Procgen's 64x64x3 (with 256, the StarPilot row's), rounded as the pages quote it."""
     from sebulba.networks import ImpalaEncoder, NatureEncoder
 
